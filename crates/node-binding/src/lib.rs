@@ -1,0 +1,1 @@
+//! The napi-rs addon behind the `@prosody-events/prosody` Node.js package.

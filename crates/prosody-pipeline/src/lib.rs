@@ -1,0 +1,1 @@
+//! The Kafka engine: producer, consumer, partitions, key queues, offsets and middleware.

@@ -1,0 +1,1 @@
+//! Storage backend on Apache Cassandra through the scylla driver.

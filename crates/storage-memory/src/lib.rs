@@ -1,0 +1,1 @@
+//! In-memory implementation of every Prosody storage trait, used by mock mode and unit tests.

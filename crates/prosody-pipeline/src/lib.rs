@@ -1,8 +1,13 @@
 //! The Kafka engine of Prosody: producer, consumer, partitions, key queues, offsets, middleware,
 //! probes.
 //!
-//! Modules that talk to librdkafka live under [`kafka`]; the consumer engine under `consumer`
-//! knows nothing of librdkafka so its ordering, offset and backpressure logic is unit tested
-//! without a broker.
+//! The consumer engine ([`consumer::Engine`]) knows nothing of librdkafka, so its ordering,
+//! offset and backpressure rules are unit tested without a broker; the poll loop and the
+//! producer, admin and mock-cluster wrappers are the parts that talk to librdkafka.
 
+pub mod consumer;
+pub mod dispatch;
+pub mod event;
 pub mod kafka;
+
+pub use event::Event;

@@ -1,1 +1,3 @@
-//! Everything that talks to librdkafka (through `rdkafka`).
+//! Everything that talks to librdkafka (through `rdkafka`) apart from the poll loop.
+
+pub mod decode;

@@ -1,0 +1,549 @@
+//! The consumer engine: assigned partitions, a runner per active key, the global concurrency
+//! limit, and the drain on revocation. It knows nothing of librdkafka: records arrive through
+//! [`Engine::offer`], pausing goes out through [`FlowControl`], and handling through
+//! [`Dispatch`], so the whole engine runs in unit tests without a broker.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use parking_lot::Mutex;
+use prosody_api::{Key, Offset};
+use tokio::runtime::Handle;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+
+use super::partition::{Offer, PartitionWork};
+use super::topic_partition::TopicPartition;
+use crate::event::Event;
+
+/// How a dispatch ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The event is done (handled, or given up by the failure policy): its offset may commit.
+    Completed,
+    /// The dispatch stopped because it was cancelled (revocation, shutdown) before the event
+    /// was done: its offset stays uncommitted so the next owner handles it.
+    Abandoned,
+}
+
+/// Handles one event to an [`Outcome`]. The engine calls it for one event of a key at a time,
+/// in order, and commits the event's offset once it returns [`Outcome::Completed`].
+///
+/// Implementations own the failure policy (retry, defer, failure topic). They must not panic;
+/// the engine logs a panic as a bug and treats the event as done rather than stalling the
+/// partition forever.
+#[async_trait]
+pub trait Dispatch: Send + Sync + 'static {
+    /// Handles `event`. `cancel` fires when the work must stop (revocation, shutdown).
+    async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome;
+}
+
+/// Pauses and resumes fetching of a partition (librdkafka in production).
+pub trait FlowControl: Send + Sync + 'static {
+    /// Stops fetching `partition` until resumed.
+    fn pause(&self, partition: &TopicPartition);
+    /// Resumes fetching `partition`.
+    fn resume(&self, partition: &TopicPartition);
+}
+
+/// Limits of the engine.
+#[derive(Clone, Debug)]
+pub struct EngineLimits {
+    /// Handlers running at once across all partitions (>= 1).
+    pub max_concurrency: usize,
+    /// Events queued or running per partition before it is paused (>= 1).
+    pub max_uncommitted: usize,
+    /// How long a revocation or shutdown waits for running handlers. Their cancellation fires
+    /// at four fifths of it so cooperative handlers can still finish in time.
+    pub shutdown_timeout: Duration,
+}
+
+struct Slot {
+    work: PartitionWork,
+    drained: Arc<Notify>,
+}
+
+struct Inner {
+    state: Mutex<HashMap<TopicPartition, Slot>>,
+    generation: Mutex<u64>,
+    dispatch: Arc<dyn Dispatch>,
+    flow: Arc<dyn FlowControl>,
+    permits: Arc<Semaphore>,
+    limits: EngineLimits,
+    runtime: Handle,
+}
+
+/// The consumer engine. Cheap to clone; clones share the same state.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl Engine {
+    /// An engine that spawns its key runners on `runtime`.
+    #[must_use]
+    pub fn new(
+        limits: EngineLimits,
+        dispatch: Arc<dyn Dispatch>,
+        flow: Arc<dyn FlowControl>,
+        runtime: Handle,
+    ) -> Self {
+        let permits = Arc::new(Semaphore::new(limits.max_concurrency.max(1)));
+        Self {
+            inner: Arc::new(Inner {
+                state: Mutex::new(HashMap::new()),
+                generation: Mutex::new(0),
+                dispatch,
+                flow,
+                permits,
+                limits,
+                runtime,
+            }),
+        }
+    }
+
+    /// Starts tracking newly assigned partitions. A partition already tracked keeps its work.
+    pub fn assign(&self, partitions: impl IntoIterator<Item = TopicPartition>) {
+        let now = Instant::now();
+        let mut state = self.inner.state.lock();
+        for partition in partitions {
+            if state.contains_key(&partition) {
+                continue;
+            }
+            let generation = {
+                let mut generation = self.inner.generation.lock();
+                *generation += 1;
+                *generation
+            };
+            debug!(%partition, generation, "partition assigned");
+            let work = PartitionWork::new(
+                generation,
+                self.inner.limits.max_uncommitted,
+                CancellationToken::new(),
+                now,
+            );
+            state.insert(
+                partition,
+                Slot {
+                    work,
+                    drained: Arc::new(Notify::new()),
+                },
+            );
+        }
+    }
+
+    /// Offers an event received from `partition`. Events of unassigned partitions are dropped
+    /// (they stay uncommitted, so nothing is lost).
+    pub fn offer(&self, partition: &TopicPartition, event: Event) {
+        let (offer, generation) = {
+            let mut state = self.inner.state.lock();
+            let Some(slot) = state.get_mut(partition) else {
+                warn!(%partition, "record of an unassigned partition dropped");
+                return;
+            };
+            (slot.work.offer(event), slot.work.generation())
+        };
+        match offer {
+            Offer::StartRunner(key) => self.spawn_runner(partition.clone(), generation, key),
+            Offer::Held { pause: true } => {
+                debug!(%partition, "backlog full: pausing");
+                self.inner.flow.pause(partition);
+            }
+            Offer::Duplicate => debug!(%partition, "redelivered record dropped"),
+            Offer::Queued | Offer::Held { pause: false } | Offer::Revoked => {}
+        }
+    }
+
+    /// Marks a record that cannot become an event (it failed to decode) as done, so it does
+    /// not block the partition's offsets. The caller has already reported it.
+    pub fn skip(&self, partition: &TopicPartition, offset: Offset) {
+        // A skipped record passes through the same tracker as any other so the watermark
+        // stays exact; it never occupies a key queue.
+        let mut state = self.inner.state.lock();
+        if let Some(slot) = state.get_mut(partition) {
+            slot.work.skip(offset);
+        }
+    }
+
+    /// Revokes partitions: stops dispatching them, waits up to the shutdown timeout for their
+    /// running handlers (cancelling them at four fifths of it), forgets them, and returns the
+    /// offsets to commit for them.
+    pub async fn revoke(&self, partitions: &[TopicPartition]) -> Vec<(TopicPartition, Offset)> {
+        let mut waits = Vec::new();
+        {
+            let mut state = self.inner.state.lock();
+            for partition in partitions {
+                if let Some(slot) = state.get_mut(partition)
+                    && !slot.work.revoke()
+                {
+                    waits.push((slot.drained.clone(), slot.work.cancel_token().clone()));
+                }
+            }
+        }
+        if !waits.is_empty() {
+            let budget = self.inner.limits.shutdown_timeout;
+            let cancel_at = budget.saturating_sub(budget / 5);
+            let drained =
+                futures::future::join_all(waits.iter().map(|(notify, _)| notify.notified()));
+            tokio::pin!(drained);
+            if tokio::time::timeout(cancel_at, &mut drained).await.is_err() {
+                warn!(
+                    ?partitions,
+                    "handlers still running near the shutdown deadline: cancelling"
+                );
+                for (_, cancel) in &waits {
+                    cancel.cancel();
+                }
+                if tokio::time::timeout(budget.saturating_sub(cancel_at), &mut drained)
+                    .await
+                    .is_err()
+                {
+                    error!(
+                        ?partitions,
+                        "handlers ignored cancellation past the shutdown timeout; their records \
+                         stay uncommitted and will be handled again by the next owner"
+                    );
+                }
+            }
+        }
+        let mut state = self.inner.state.lock();
+        partitions
+            .iter()
+            .filter_map(|partition| {
+                let slot = state.remove(partition)?;
+                slot.work.cancel_token().cancel();
+                let offset = slot.work.committable()?;
+                Some((partition.clone(), offset))
+            })
+            .collect()
+    }
+
+    /// The partitions currently assigned.
+    #[must_use]
+    pub fn assigned(&self) -> Vec<TopicPartition> {
+        self.inner.state.lock().keys().cloned().collect()
+    }
+
+    /// The committable position of every assigned partition that received records.
+    #[must_use]
+    pub fn committable(&self) -> Vec<(TopicPartition, Offset)> {
+        self.inner
+            .state
+            .lock()
+            .iter()
+            .filter_map(|(partition, slot)| Some((partition.clone(), slot.work.committable()?)))
+            .collect()
+    }
+
+    /// Number of assigned partitions.
+    #[must_use]
+    pub fn assigned_partition_count(&self) -> usize {
+        self.inner.state.lock().len()
+    }
+
+    /// True when some partition has work and made no progress for `threshold`.
+    #[must_use]
+    pub fn is_stalled(&self, threshold: Duration) -> bool {
+        let Some(since) = Instant::now().checked_sub(threshold) else {
+            return false;
+        };
+        self.inner
+            .state
+            .lock()
+            .values()
+            .any(|slot| slot.work.stalled_since(since))
+    }
+
+    /// Counts for observability and tests: (queued + running, running, held) summed over
+    /// partitions.
+    #[must_use]
+    pub fn load(&self) -> Load {
+        let state = self.inner.state.lock();
+        state.values().fold(Load::default(), |load, slot| Load {
+            backlog: load.backlog + slot.work.backlog(),
+            running: load.running + slot.work.running(),
+            held: load.held + slot.work.held(),
+            paused: load.paused + usize::from(slot.work.is_paused()),
+        })
+    }
+
+    fn spawn_runner(&self, partition: TopicPartition, generation: u64, key: Key) {
+        let engine = self.clone();
+        self.inner
+            .runtime
+            .spawn(async move { engine.run_key(partition, generation, key).await });
+    }
+
+    /// Runs the events of one key, one at a time, until its queue is empty.
+    async fn run_key(self, partition: TopicPartition, generation: u64, key: Key) {
+        loop {
+            // The semaphore is never closed, so acquiring cannot fail.
+            let Ok(permit) = self.inner.permits.clone().acquire_owned().await else {
+                return;
+            };
+            let (event, cancel) = {
+                let mut state = self.inner.state.lock();
+                let Some(slot) = state
+                    .get_mut(&partition)
+                    .filter(|slot| slot.work.generation() == generation)
+                else {
+                    return;
+                };
+                let Some(event) = slot.work.next_for(&key) else {
+                    return;
+                };
+                (event, slot.work.cancel_token().child_token())
+            };
+            let offset = event.offset();
+            let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch(event, cancel))
+                .catch_unwind()
+                .await;
+            drop(permit);
+            let done = match dispatched {
+                Ok(Outcome::Completed) => offset,
+                Ok(Outcome::Abandoned) => None,
+                Err(_) => {
+                    error!(%partition, %key, ?offset, "dispatch panicked (a bug): event treated as done");
+                    offset
+                }
+            };
+            self.finish(&partition, generation, done);
+        }
+    }
+
+    fn finish(&self, partition: &TopicPartition, generation: u64, offset: Option<Offset>) {
+        let (finished, drained) = {
+            let mut state = self.inner.state.lock();
+            let Some(slot) = state
+                .get_mut(partition)
+                .filter(|slot| slot.work.generation() == generation)
+            else {
+                return;
+            };
+            (
+                slot.work.finish(offset, Instant::now()),
+                slot.drained.clone(),
+            )
+        };
+        for key in finished.start {
+            self.spawn_runner(partition.clone(), generation, key);
+        }
+        if finished.resume {
+            debug!(%partition, "backlog drained: resuming");
+            self.inner.flow.resume(partition);
+        }
+        if finished.drained {
+            drained.notify_one();
+        }
+    }
+}
+
+/// A snapshot of the engine's load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Events queued or running.
+    pub backlog: usize,
+    /// Events running.
+    pub running: usize,
+    /// Events received but held because their partition's backlog is full.
+    pub held: usize,
+    /// Partitions paused.
+    pub paused: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use prosody_api::{Headers, Message, Partition, Timestamp, Topic};
+    use serde_json::json;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct RecordingFlow {
+        paused: AtomicUsize,
+        resumed: AtomicUsize,
+    }
+
+    impl FlowControl for RecordingFlow {
+        fn pause(&self, _: &TopicPartition) {
+            self.paused.fetch_add(1, Ordering::SeqCst);
+        }
+        fn resume(&self, _: &TopicPartition) {
+            self.resumed.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Records per-key order and the peak of concurrently running dispatches; each dispatch
+    /// yields a few times so others interleave, and may wait for a gate.
+    #[derive(Default)]
+    struct Recorder {
+        running: AtomicUsize,
+        peak: AtomicUsize,
+        seen: Mutex<HashMap<String, Vec<i64>>>,
+        done: AtomicUsize,
+        gate: Option<Arc<Semaphore>>,
+        wait_for_cancel: bool,
+    }
+
+    #[async_trait]
+    impl Dispatch for Recorder {
+        async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome {
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(now, Ordering::SeqCst);
+            let offset = event.offset().map_or(-1, |offset| offset.0);
+            for _ in 0..(offset % 5) {
+                tokio::task::yield_now().await;
+            }
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.unwrap().forget();
+            }
+            if self.wait_for_cancel {
+                cancel.cancelled().await;
+            }
+            self.seen
+                .lock()
+                .entry(event.key().to_string())
+                .or_default()
+                .push(offset);
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            self.done.fetch_add(1, Ordering::SeqCst);
+            Outcome::Completed
+        }
+    }
+
+    fn event(key: &str, offset: i64) -> Event {
+        Event::Message(Message {
+            topic: Topic::from("t"),
+            partition: Partition(0),
+            offset: Offset(offset),
+            timestamp: Timestamp::from_millis(0),
+            key: Key::from(key),
+            payload: json!({}),
+            headers: Headers::new(),
+        })
+    }
+
+    fn engine(
+        recorder: Arc<Recorder>,
+        flow: Arc<RecordingFlow>,
+        max_concurrency: usize,
+        max_uncommitted: usize,
+        shutdown_timeout: Duration,
+    ) -> Engine {
+        Engine::new(
+            EngineLimits {
+                max_concurrency,
+                max_uncommitted,
+                shutdown_timeout,
+            },
+            recorder,
+            flow,
+            Handle::current(),
+        )
+    }
+
+    async fn until(mut condition: impl FnMut() -> bool) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !condition() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("condition within 10 s");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn keys_in_order_concurrency_bounded() {
+        let recorder = Arc::new(Recorder::default());
+        let flow = Arc::new(RecordingFlow::default());
+        let engine = engine(recorder.clone(), flow, 4, 1_000, Duration::from_secs(5));
+        let partition = TopicPartition::new("t", 0);
+        engine.assign([partition.clone()]);
+        for offset in 0..2_000 {
+            engine.offer(&partition, event(&format!("k{}", offset % 37), offset));
+        }
+        until(|| recorder.done.load(Ordering::SeqCst) == 2_000).await;
+        let peak = recorder.peak.load(Ordering::SeqCst);
+        assert!(peak > 1 && peak <= 4, "peak concurrency {peak}");
+        for (key, offsets) in recorder.seen.lock().iter() {
+            assert!(
+                offsets.windows(2).all(|w| w[0] < w[1]),
+                "{key} out of order: {offsets:?}"
+            );
+        }
+        until(|| engine.committable() == vec![(partition.clone(), Offset(2_000))]).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn full_backlog_pauses_and_drain_resumes() {
+        let gate = Arc::new(Semaphore::new(0));
+        let recorder = Arc::new(Recorder {
+            gate: Some(gate.clone()),
+            ..Recorder::default()
+        });
+        let flow = Arc::new(RecordingFlow::default());
+        let engine = engine(recorder.clone(), flow.clone(), 2, 4, Duration::from_secs(5));
+        let partition = TopicPartition::new("t", 0);
+        engine.assign([partition.clone()]);
+        for offset in 0..10 {
+            engine.offer(&partition, event(&format!("k{offset}"), offset));
+        }
+        until(|| recorder.running.load(Ordering::SeqCst) == 2).await;
+        let load = engine.load();
+        assert_eq!(
+            (load.backlog, load.running, load.held, load.paused),
+            (4, 2, 6, 1)
+        );
+        assert_eq!(flow.paused.load(Ordering::SeqCst), 1);
+        for released in 1..=10 {
+            gate.add_permits(1);
+            until(|| recorder.done.load(Ordering::SeqCst) == released).await;
+            let load = engine.load();
+            assert!(load.running <= 2 && load.backlog <= 4, "{load:?}");
+        }
+        until(|| engine.load().backlog == 0).await;
+        assert_eq!(flow.resumed.load(Ordering::SeqCst), 1);
+        assert_eq!(engine.committable(), vec![(partition, Offset(10))]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn revoke_waits_for_running_cancels_near_deadline_and_commits_done_work() {
+        let recorder = Arc::new(Recorder {
+            wait_for_cancel: true,
+            ..Recorder::default()
+        });
+        let flow = Arc::new(RecordingFlow::default());
+        let engine = engine(recorder.clone(), flow, 4, 16, Duration::from_millis(500));
+        let partition = TopicPartition::new("t", 0);
+        engine.assign([partition.clone()]);
+        engine.offer(&partition, event("a", 0));
+        engine.offer(&partition, event("a", 1));
+        until(|| recorder.running.load(Ordering::SeqCst) == 1).await;
+        let started = Instant::now();
+        let offsets = engine.revoke(std::slice::from_ref(&partition)).await;
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(390) && waited < Duration::from_millis(500),
+            "cancelled at 4/5 of the budget, waited {waited:?}"
+        );
+        assert_eq!(
+            offsets,
+            vec![(partition, Offset(1))],
+            "offset 0 done, 1 dropped"
+        );
+        assert_eq!(
+            recorder.done.load(Ordering::SeqCst),
+            1,
+            "the queued event never ran"
+        );
+        assert_eq!(engine.assigned_partition_count(), 0);
+    }
+}

@@ -1,0 +1,10 @@
+//! The consumer: a poll loop feeding an engine of per-partition key queues.
+
+pub mod engine;
+pub mod offsets;
+pub mod partition;
+pub mod poll_loop;
+pub mod topic_partition;
+
+pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome};
+pub use topic_partition::TopicPartition;

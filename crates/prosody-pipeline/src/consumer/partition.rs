@@ -1,0 +1,394 @@
+//! The work of one assigned partition: its key queues, its backlog bound and its offsets.
+//!
+//! This is plain synchronous state, changed under the engine's lock; the engine spawns the key
+//! runners and talks to Kafka. Keeping the rules here (what is admitted, what is held, when to
+//! pause and resume, which offset is committable) makes them testable without a broker or a
+//! runtime.
+//!
+//! A key is *active* while it has an entry in `keys`: exactly one runner owns an active key
+//! and takes its events one at a time, which is what keeps a key's events in order and never
+//! concurrent. The entry is removed by the runner itself, under the lock, when it finds the
+//! queue empty, so an event offered concurrently either lands in the queue the runner will
+//! still see or starts a new runner.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use prosody_api::{Key, Offset};
+use tokio_util::sync::CancellationToken;
+
+use super::offsets::OffsetTracker;
+use crate::event::Event;
+
+/// What happened to an offered event.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Offer {
+    /// The key was idle: a runner must be started for it.
+    StartRunner(Key),
+    /// The key already has a runner; the event waits in its queue.
+    Queued,
+    /// The backlog is full; the event is held outside the backlog until it drains. When
+    /// `pause` is true the partition just became full and must be paused in Kafka.
+    Held {
+        /// Pause the partition now.
+        pause: bool,
+    },
+    /// The offset was already received (a redelivery after a seek); the event is dropped.
+    Duplicate,
+    /// The partition is being revoked; the event is dropped (it stays uncommitted).
+    Revoked,
+}
+
+/// What the engine must do after an event finished.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Finished {
+    /// Keys that became active by admitting held events: start a runner for each.
+    pub start: Vec<Key>,
+    /// The backlog drained enough: resume the partition in Kafka.
+    pub resume: bool,
+    /// The partition is revoked and nothing runs any more: wake whoever waits for the drain.
+    pub drained: bool,
+}
+
+/// The work of one assigned partition.
+#[derive(Debug)]
+pub struct PartitionWork {
+    generation: u64,
+    max_backlog: usize,
+    tracker: OffsetTracker,
+    keys: HashMap<Key, VecDeque<Event>>,
+    held: VecDeque<Event>,
+    backlog: usize,
+    running: usize,
+    paused: bool,
+    revoked: bool,
+    cancel: CancellationToken,
+    last_progress: Instant,
+}
+
+impl PartitionWork {
+    /// Fresh work for a newly assigned partition. `generation` distinguishes this assignment
+    /// from earlier ones of the same partition, so runners of a revoked assignment cannot
+    /// touch a later one. `max_backlog` (>= 1) bounds queued plus running events.
+    #[must_use]
+    pub fn new(
+        generation: u64,
+        max_backlog: usize,
+        cancel: CancellationToken,
+        now: Instant,
+    ) -> Self {
+        Self {
+            generation,
+            max_backlog: max_backlog.max(1),
+            tracker: OffsetTracker::new(),
+            keys: HashMap::new(),
+            held: VecDeque::new(),
+            backlog: 0,
+            running: 0,
+            paused: false,
+            revoked: false,
+            cancel,
+            last_progress: now,
+        }
+    }
+
+    /// This assignment's generation.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Cancellation of every handler of this assignment (fired on revocation and shutdown).
+    #[must_use]
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Offers a received event: admits it into its key's queue, or holds it when the backlog is
+    /// full.
+    pub fn offer(&mut self, event: Event) -> Offer {
+        if self.revoked {
+            return Offer::Revoked;
+        }
+        if let Some(offset) = event.offset()
+            && !self.tracker.receive(offset)
+        {
+            return Offer::Duplicate;
+        }
+        if !self.held.is_empty() || self.backlog >= self.max_backlog {
+            self.held.push_back(event);
+            let pause = !self.paused;
+            self.paused = true;
+            return Offer::Held { pause };
+        }
+        self.admit(event)
+    }
+
+    fn admit(&mut self, event: Event) -> Offer {
+        self.backlog += 1;
+        match self.keys.entry(event.key().clone()) {
+            Entry::Occupied(mut queue) => {
+                queue.get_mut().push_back(event);
+                Offer::Queued
+            }
+            Entry::Vacant(slot) => {
+                let key = slot.key().clone();
+                slot.insert(VecDeque::from([event]));
+                Offer::StartRunner(key)
+            }
+        }
+    }
+
+    /// Records a received offset that produces no event (an undecodable record) as done at
+    /// once, so it neither occupies the backlog nor blocks the watermark.
+    pub fn skip(&mut self, offset: Offset) {
+        if self.tracker.receive(offset) {
+            self.tracker.complete(offset);
+        }
+    }
+
+    /// The runner of `key` takes the key's next event. `None` means the queue is empty and the
+    /// key is now idle (the runner must stop), or the partition was revoked.
+    pub fn next_for(&mut self, key: &Key) -> Option<Event> {
+        if self.revoked {
+            return None;
+        }
+        let queue = self.keys.get_mut(key)?;
+        if let Some(event) = queue.pop_front() {
+            self.running += 1;
+            Some(event)
+        } else {
+            self.keys.remove(key);
+            None
+        }
+    }
+
+    /// Records that an event taken with [`Self::next_for`] finished (successfully or given up
+    /// by the failure policy: either way its offset may be committed).
+    pub fn finish(&mut self, offset: Option<Offset>, now: Instant) -> Finished {
+        self.running = self.running.saturating_sub(1);
+        self.last_progress = now;
+        self.backlog = self.backlog.saturating_sub(1);
+        // A handler that finishes during a revocation's drain still counts: its offset is part
+        // of the final commit.
+        if let Some(offset) = offset {
+            self.tracker.complete(offset);
+        }
+        let mut finished = Finished::default();
+        if self.revoked {
+            finished.drained = self.running == 0;
+            return finished;
+        }
+        while self.backlog < self.max_backlog
+            && let Some(event) = self.held.pop_front()
+        {
+            if let Offer::StartRunner(key) = self.admit(event) {
+                finished.start.push(key);
+            }
+        }
+        // Resume only once half the backlog is free: resuming at the first free slot would
+        // pause again at once, and every pause makes librdkafka drop and refetch its buffer.
+        if self.paused && self.held.is_empty() && self.backlog <= self.max_backlog / 2 {
+            self.paused = false;
+            finished.resume = true;
+        }
+        finished
+    }
+
+    /// Stops dispatching: queued and held events are dropped (their offsets stay uncommitted,
+    /// so the next owner handles them). Returns true when nothing is running any more.
+    pub fn revoke(&mut self) -> bool {
+        self.revoked = true;
+        self.keys.clear();
+        self.held.clear();
+        self.backlog = self.running;
+        self.running == 0
+    }
+
+    /// The position to commit: every earlier offset is done.
+    #[must_use]
+    pub fn committable(&self) -> Option<Offset> {
+        self.tracker.committable()
+    }
+
+    /// Events queued or running (held events excluded).
+    #[must_use]
+    pub fn backlog(&self) -> usize {
+        self.backlog
+    }
+
+    /// Handlers running now.
+    #[must_use]
+    pub fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Events received but waiting for the backlog to drain.
+    #[must_use]
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// True while the partition is paused in Kafka because its backlog is full.
+    #[must_use]
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// True when the partition has work and made no progress since `since`.
+    #[must_use]
+    pub fn stalled_since(&self, since: Instant) -> bool {
+        (self.backlog > 0 || !self.held.is_empty()) && self.last_progress < since
+    }
+
+    /// When an event last finished (or the partition was assigned).
+    #[must_use]
+    pub fn last_progress(&self) -> Instant {
+        self.last_progress
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prosody_api::{Headers, Message, Partition, Timestamp, Topic};
+    use serde_json::json;
+
+    use super::*;
+
+    fn event(key: &str, offset: i64) -> Event {
+        Event::Message(Message {
+            topic: Topic::from("t"),
+            partition: Partition(0),
+            offset: Offset(offset),
+            timestamp: Timestamp::from_millis(0),
+            key: Key::from(key),
+            payload: json!({ "n": offset }),
+            headers: Headers::new(),
+        })
+    }
+
+    fn work(max_backlog: usize) -> PartitionWork {
+        PartitionWork::new(1, max_backlog, CancellationToken::new(), Instant::now())
+    }
+
+    #[test]
+    fn one_runner_per_key_in_offer_order() {
+        let mut work = work(10);
+        assert_eq!(
+            work.offer(event("a", 0)),
+            Offer::StartRunner(Key::from("a"))
+        );
+        assert_eq!(
+            work.offer(event("b", 1)),
+            Offer::StartRunner(Key::from("b"))
+        );
+        assert_eq!(work.offer(event("a", 2)), Offer::Queued);
+        let a = Key::from("a");
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(0)));
+        assert_eq!(
+            work.offer(event("a", 3)),
+            Offer::Queued,
+            "a is still active"
+        );
+        work.finish(Some(Offset(0)), Instant::now());
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(2)));
+        work.finish(Some(Offset(2)), Instant::now());
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(3)));
+        work.finish(Some(Offset(3)), Instant::now());
+        assert_eq!(work.next_for(&a), None, "queue empty: the runner stops");
+        assert_eq!(
+            work.offer(event("a", 4)),
+            Offer::StartRunner(a),
+            "idle key starts again"
+        );
+        assert_eq!(
+            work.committable(),
+            Some(Offset(1)),
+            "b (offset 1) still pending"
+        );
+    }
+
+    #[test]
+    fn full_backlog_holds_pauses_once_and_resumes_at_half() {
+        let mut work = work(4);
+        for offset in 0..4 {
+            let offer = work.offer(event(&format!("k{offset}"), offset));
+            assert!(matches!(offer, Offer::StartRunner(_)));
+        }
+        assert_eq!(work.offer(event("k9", 4)), Offer::Held { pause: true });
+        assert_eq!(work.offer(event("k9", 5)), Offer::Held { pause: false });
+        assert!(work.is_paused());
+        assert_eq!(work.backlog(), 4);
+
+        let k0 = Key::from("k0");
+        work.next_for(&k0);
+        let finished = work.finish(Some(Offset(0)), Instant::now());
+        assert_eq!(
+            finished.start,
+            vec![Key::from("k9")],
+            "one held event admitted"
+        );
+        assert!(!finished.resume, "still held events");
+        assert_eq!(work.backlog(), 4);
+        assert_eq!(work.held(), 1);
+
+        for key in ["k1", "k2"] {
+            work.next_for(&Key::from(key));
+        }
+        let finished = work.finish(Some(Offset(1)), Instant::now());
+        assert!(
+            finished.start.is_empty(),
+            "k9 already active: queued behind it"
+        );
+        assert!(!finished.resume, "backlog 4 of 4");
+        let finished = work.finish(Some(Offset(2)), Instant::now());
+        assert!(!finished.resume, "backlog 3 of 4: above half");
+        work.next_for(&Key::from("k3"));
+        let finished = work.finish(Some(Offset(3)), Instant::now());
+        assert!(finished.resume, "backlog 2 of 4: resume");
+        assert!(!work.is_paused());
+        assert_eq!(work.committable(), Some(Offset(4)));
+    }
+
+    #[test]
+    fn revoke_drops_queued_and_held_and_reports_drain() {
+        let mut work = work(2);
+        work.offer(event("a", 0));
+        work.offer(event("a", 1));
+        work.offer(event("b", 2));
+        let a = Key::from("a");
+        work.next_for(&a);
+        assert!(!work.revoke(), "a is running");
+        assert_eq!(work.offer(event("c", 3)), Offer::Revoked);
+        assert_eq!(work.next_for(&a), None, "no more dispatch after revoke");
+        let finished = work.finish(Some(Offset(0)), Instant::now());
+        assert!(finished.drained);
+        assert_eq!(
+            work.committable(),
+            Some(Offset(1)),
+            "the drained handler's offset commits; dropped ones stay uncommitted"
+        );
+    }
+
+    #[test]
+    fn duplicates_after_seek_are_dropped() {
+        let mut work = work(4);
+        work.offer(event("a", 5));
+        assert_eq!(work.offer(event("a", 5)), Offer::Duplicate);
+        assert_eq!(work.offer(event("a", 4)), Offer::Duplicate);
+    }
+
+    #[test]
+    fn stall_needs_pending_work() {
+        let start = Instant::now();
+        let mut work = PartitionWork::new(1, 4, CancellationToken::new(), start);
+        let later = start + std::time::Duration::from_secs(10);
+        assert!(!work.stalled_since(later), "idle partitions never stall");
+        work.offer(event("a", 0));
+        assert!(work.stalled_since(later));
+        work.next_for(&Key::from("a"));
+        work.finish(Some(Offset(0)), later);
+        assert!(!work.stalled_since(later));
+    }
+}

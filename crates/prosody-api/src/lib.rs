@@ -13,42 +13,16 @@
 //! # Running the conformance suite from a backend crate
 //!
 //! Add `prosody-api = { workspace = true, features = ["conformance"] }` to the backend's
-//! `[dev-dependencies]` and write one test file per trait (so `cargo test` reports a count per
-//! trait). Each macro expands into a module named after the trait with one `#[test]` per
-//! conformance case. The factory receives the [`ManualClock`] the store must judge TTL by and
-//! returns a store (anything implementing the trait):
-//!
-//! ```
-//! # #[cfg(feature = "conformance")] mod example {
-//! use prosody_api::conformance::Options;
-//! use prosody_api::storage::DedupStore;
-//! use prosody_api::ManualClock;
-//!
-//! // Stands in for the backend's constructor.
-//! async fn open_store(clock: ManualClock) -> impl DedupStore + 'static {
-//! #   #[derive(Debug)] struct Stub;
-//! #   #[async_trait::async_trait]
-//! #   impl DedupStore for Stub {
-//! #       async fn insert(&self, _: &prosody_api::storage::PartitionScope, _: &prosody_api::storage::DedupRecord, _: prosody_api::storage::Ttl) -> Result<(), prosody_api::StorageError> { Ok(()) }
-//! #       async fn contains(&self, _: &prosody_api::storage::PartitionScope, _: &prosody_api::storage::DedupRecord) -> Result<bool, prosody_api::StorageError> { Ok(false) }
-//! #   }
-//! #   let _ = clock;
-//! #   Stub
-//! }
-//!
-//! // tests/dedup_store.rs of the backend crate:
-//! prosody_api::dedup_store_conformance!(|clock| open_store(clock));
-//! // A slower backend passes fewer property cases:
-//! // prosody_api::dedup_store_conformance!(|clock| open_store(clock), Options::default().with_cases(64));
-//! # fn _uses(_: Options) {}
-//! # }
-//! ```
-//!
-//! The macros are [`timer_store_conformance!`], [`defer_store_conformance!`],
+//! `[dev-dependencies]` and write one test file per trait, so `cargo test` reports a count per
+//! trait. Each macro expands into a module named after the trait with one `#[test]` per
+//! conformance case, so test names read `<trait>::<case>`. The factory receives the
+//! [`ManualClock`] the store must judge TTL by and returns a store (anything implementing the
+//! trait). The macros are [`timer_store_conformance!`], [`defer_store_conformance!`],
 //! [`dedup_store_conformance!`], [`state_store_conformance!`] and
 //! [`published_state_conformance!`] (whose factory returns a `(StateStore, PublishedStateView)`
 //! pair over the same data). The same cases are plain async functions in `conformance::*` for
 //! callers that prefer to drive them directly.
+#![cfg_attr(feature = "conformance", doc = include_str!("conformance/USAGE.md"))]
 
 pub mod clock;
 pub mod context;

@@ -19,7 +19,7 @@
 //! lines that run it:
 //!
 //! ```
-//! use prosody_api::conformance::Options;
+//! use prosody_api::conformance::{Options, block_on, factory, state};
 //! use storage_memory::MemoryStateStore;
 //!
 //! prosody_api::state_store_conformance!(|clock| async move { MemoryStateStore::new(clock) });
@@ -30,7 +30,12 @@
 //!     },
 //!     Options::default().with_cases(64)
 //! );
-//! # fn main() {}
+//!
+//! // One case driven directly:
+//! fn main() {
+//!     let memory = factory(|clock| async move { MemoryStateStore::new(clock) });
+//!     block_on(state::deque_capacity_evicts_the_oldest(&memory, &Options::default()));
+//! }
 //! ```
 
 mod dedup;

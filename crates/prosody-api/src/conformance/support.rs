@@ -161,3 +161,58 @@ macro_rules! ok_or_fail {
     };
 }
 pub(crate) use ok_or_fail;
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    #[test]
+    fn a_passing_property_runs_every_case() {
+        let runs = Cell::new(0_u32);
+        block_on_impl(check_property("count", 300, 0..10_u32, |_| {
+            runs.set(runs.get() + 1);
+            async { Ok(()) }
+        }));
+        assert_eq!(runs.get(), 300);
+    }
+
+    #[test]
+    fn a_failing_property_panics_with_a_shrunk_input() {
+        let outcome = std::panic::catch_unwind(|| {
+            block_on_impl(check_property(
+                "shrink",
+                256,
+                proptest::collection::vec(0..1000_u32, 0..50),
+                |input| async move {
+                    if input.iter().any(|&n| n >= 500) {
+                        Err("too big".to_owned())
+                    } else {
+                        Ok(())
+                    }
+                },
+            ));
+        });
+        let message = *outcome
+            .expect_err("the property fails")
+            .downcast::<String>()
+            .expect("a formatted panic");
+        assert!(message.contains("too big"), "{message}");
+        assert!(
+            message.contains("minimal input: [\n    500,\n]"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn names_are_unique() {
+        assert_ne!(unique("x"), unique("x"));
+    }
+
+    #[test]
+    fn large_values_encode_to_about_the_requested_size() {
+        let bytes = serde_json::to_vec(&large_value(4096)).unwrap().len();
+        assert!((4096..4200).contains(&bytes), "{bytes}");
+    }
+}

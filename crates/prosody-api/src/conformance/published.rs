@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::model::{Source, probe_entries};
 use super::scenario::{COLLECTIONS, Focus, play, scenario_strategy};
-use super::support::{check_property, fresh_group, fresh_subsystem, large_value};
+use super::support::{check_property, fresh_subsystem, large_value};
 use super::{Options, StoreFactory};
 use crate::clock::ManualClock;
 use crate::key::{Key, Subsystem};
@@ -340,7 +340,6 @@ where
             let clock = ManualClock::new();
             let (store, view) = factory.create(clock.clone()).await;
             let subsystem = fresh_subsystem();
-            let _unrelated = fresh_group();
             let scopes =
                 COLLECTIONS.map(|collection| StateScope::subsystem(subsystem.clone(), collection));
             let published =

@@ -112,3 +112,30 @@ impl Ttl {
         written + self.as_duration()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+
+    #[test]
+    fn ttl_rejects_zero_and_expires_after_its_seconds() {
+        assert_eq!(Ttl::from_secs(0), None);
+        let ttl = Ttl::from_secs(30).unwrap();
+        assert_eq!(
+            ttl.expires_at(UNIX_EPOCH),
+            UNIX_EPOCH + Duration::from_secs(30)
+        );
+    }
+
+    #[test]
+    fn deque_bounds_length_handles_extremes_and_inversion() {
+        assert_eq!(DequeBounds::new(-2, 3).len(), 5);
+        assert_eq!(DequeBounds::new(i64::MIN, i64::MAX).len(), u64::MAX);
+        assert_eq!(DequeBounds::new(3, 1).len(), 0);
+        assert!(DequeBounds::new(4, 4).is_empty());
+        assert!(DequeBounds::new(-1, 1).contains(-1));
+        assert!(!DequeBounds::new(-1, 1).contains(1));
+    }
+}

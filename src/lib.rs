@@ -5,3 +5,7 @@
 
 pub use prosody_api as api;
 pub use prosody_pipeline as pipeline;
+
+pub mod config;
+
+pub use config::{ClientOptions, Config, ConfigError};

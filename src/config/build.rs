@@ -166,10 +166,7 @@ fn kafka(r: &Resolver<'_>, o: &mut ClientOptions) -> Result<KafkaConfig, ConfigE
         });
     }
     let bootstrap_servers = bootstrap_servers
-        .ensure(
-            |list| checks::addresses(list).is_ok(),
-            checks::ADDRESSES_EXPECTED,
-        )?
+        .validate(|list| checks::addresses(list))?
         .value;
     let Some(group_id) = r.text(fields::GROUP_ID, o.group_id.take())? else {
         return Err(ConfigError::Missing {
@@ -445,11 +442,10 @@ fn log_filter(r: &Resolver<'_>) -> Result<String, ConfigError> {
 }
 
 fn consumer(r: &Resolver<'_>, o: &mut ClientOptions) -> Result<ConsumerConfig, ConfigError> {
-    let subscribed_topics = r.list(fields::SUBSCRIBED_TOPICS, o.subscribed_topics.take())?;
-    let subscribed_topics = subscribed_topics
-        .clone()
-        .try_map(|topics| checks::subscription(topics))
-        .map(|()| subscribed_topics.value)?;
+    let subscribed_topics = r
+        .list(fields::SUBSCRIBED_TOPICS, o.subscribed_topics.take())?
+        .validate(|topics| checks::subscription(topics))?
+        .value;
 
     let max_concurrency = r.count(fields::MAX_CONCURRENCY, o.max_concurrency.take(), 32)?;
     let max_uncommitted = r.count(fields::MAX_UNCOMMITTED, o.max_uncommitted.take(), 64)?;
@@ -519,10 +515,7 @@ fn cassandra(
 ) -> Result<Option<CassandraConfig>, ConfigError> {
     let nodes = r
         .list(fields::CASSANDRA_NODES, o.cassandra_nodes.take())?
-        .ensure(
-            |list| checks::addresses(list).is_ok(),
-            checks::ADDRESSES_EXPECTED,
-        )?
+        .validate(|list| checks::addresses(list))?
         .value;
     let keyspace = r
         .text(fields::CASSANDRA_KEYSPACE, o.cassandra_keyspace.take())?

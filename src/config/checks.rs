@@ -57,7 +57,7 @@ pub(crate) fn subscription(topics: &[String]) -> Result<(), String> {
 }
 
 /// What an address list must look like.
-pub(crate) const ADDRESSES_EXPECTED: &str =
+const ADDRESSES_EXPECTED: &str =
     "must be a comma-separated list of host:port addresses with ports from 1 to 65535";
 
 /// Checks `host:port` addresses. The port may be omitted (the client's default applies), a

@@ -158,6 +158,17 @@ impl<T: Show> Given<T> {
         }
     }
 
+    /// Keeps the value if `check` passes, else fails with the message `check` returns.
+    pub(crate) fn validate(
+        self,
+        check: impl FnOnce(&T) -> Result<(), String>,
+    ) -> Result<Self, ConfigError> {
+        match check(&self.value) {
+            Ok(()) => Ok(self),
+            Err(expected) => Err(self.invalid(expected)),
+        }
+    }
+
     /// Converts the value, failing with the converter's message.
     pub(crate) fn try_map<U>(
         self,

@@ -6,3 +6,4 @@
 //! without a broker.
 
 pub mod kafka;
+pub mod probes;

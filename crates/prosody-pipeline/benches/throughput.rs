@@ -1,0 +1,2 @@
+//! Throughput benchmark (being written).
+fn main() {}

@@ -9,5 +9,6 @@ pub mod consumer;
 pub mod dispatch;
 pub mod event;
 pub mod kafka;
+pub mod probes;
 
 pub use event::Event;

@@ -1,0 +1,659 @@
+//! Throughput benchmark against real Kafka: how many records per second a consumer gets through.
+//!
+//! One run pre-produces N records (100-byte JSON payloads over 10,000 keys) into a fresh
+//! 8-partition topic, then lets each *subject* consume the whole topic with its own fresh group:
+//!
+//! - `baseline`: a bare librdkafka consumer that only reads and commits, the ceiling any
+//!   framework on top of librdkafka is measured against;
+//! - the subject under test: the Prosody client with a no-op handler (see [`StreamJsonSubject`]
+//!   for the placeholder that stands in for it until the client exists).
+//!
+//! Rates are measured from the first record received to the last, so group join and rebalance
+//! time is left out. Results are plain `name: value` lines meant to be pasted into notes.
+//!
+//! Run it with `scripts/bench [-- OPTIONS]`; `--help` lists the options. Needs
+//! `PROSODY_BOOTSTRAP_SERVERS`.
+
+use std::collections::HashMap;
+use std::env;
+use std::error::Error;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+type BenchResult<T> = Result<T, Box<dyn Error + Send + Sync>>;
+
+const USAGE: &str = "\
+usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only NAME]
+                  [--keep-topic]
+
+  --records N     records to produce and consume (default 200000, env PROSODY_BENCH_RECORDS)
+  --keys N        distinct message keys (default 10000)
+  --partitions N  partitions of the fresh topic (default 8)
+  --rounds N      consume the topic N times per subject, alternating subjects; the summary
+                  uses the median rate (default 3: one 200k-record pass lasts well under a
+                  second, so single passes are noisy)
+  --only NAME     run one subject (baseline or the subject's name) so its peak RSS is not
+                  mixed with memory the allocator kept from another subject
+  --keep-topic    leave the topic in Kafka instead of deleting it
+
+Needs PROSODY_BOOTSTRAP_SERVERS (scripts/bench sets it).";
+
+const PAYLOAD_BYTES: usize = 100;
+// How often consumers commit: the librdkafka default auto-commit interval, which is what a
+// real application that commits periodically would see.
+const COMMIT_INTERVAL: Duration = Duration::from_secs(5);
+// A subject that receives nothing for this long is stuck; fail instead of hanging.
+const NO_PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+struct Options {
+    records: usize,
+    keys: usize,
+    partitions: i32,
+    rounds: usize,
+    only: Option<String>,
+    keep_topic: bool,
+}
+
+impl Options {
+    fn parse() -> BenchResult<Option<Self>> {
+        let mut options = Self {
+            records: match env::var("PROSODY_BENCH_RECORDS") {
+                Ok(value) => parse_number("PROSODY_BENCH_RECORDS", &value)?,
+                Err(_) => 200_000,
+            },
+            keys: 10_000,
+            partitions: 8,
+            rounds: 3,
+            only: None,
+            keep_topic: false,
+        };
+        let mut args = env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| {
+                args.next()
+                    .ok_or_else(|| format!("{name} needs a value\n\n{USAGE}"))
+            };
+            match arg.as_str() {
+                // `cargo bench` passes `--bench` to every bench binary.
+                "--bench" => {}
+                "--records" => options.records = parse_number("--records", &value("--records")?)?,
+                "--keys" => options.keys = parse_number("--keys", &value("--keys")?)?,
+                "--partitions" => {
+                    options.partitions = parse_number("--partitions", &value("--partitions")?)?;
+                }
+                "--rounds" => options.rounds = parse_number("--rounds", &value("--rounds")?)?,
+                "--only" => options.only = Some(value("--only")?),
+                "--keep-topic" => options.keep_topic = true,
+                "-h" | "--help" => {
+                    println!("{USAGE}");
+                    return Ok(None);
+                }
+                other => return Err(format!("unknown argument {other:?}\n\n{USAGE}").into()),
+            }
+        }
+        if options.records == 0 || options.keys == 0 || options.partitions <= 0 {
+            return Err("--records, --keys and --partitions must be at least 1".into());
+        }
+        options.rounds = options.rounds.max(1);
+        Ok(Some(options))
+    }
+}
+
+fn parse_number<T: std::str::FromStr>(name: &str, value: &str) -> BenchResult<T> {
+    value
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("{name}: expected a positive integer, got {value:?}").into())
+}
+
+/// Something whose consumption rate is measured: it consumes all `expected` records of `topic`
+/// with consumer group `group` and returns the time from its first record to its last.
+trait ThroughputSubject {
+    /// The label of the subject's result lines.
+    fn name(&self) -> &str;
+
+    /// Consumes and commits the whole topic; the elapsed time excludes joining the group.
+    async fn consume_all(
+        &self,
+        bootstrap: &str,
+        topic: &str,
+        group: &str,
+        expected: usize,
+    ) -> BenchResult<Duration>;
+}
+
+/// The ceiling: librdkafka's `BaseConsumer`, no decoding, periodic asynchronous commits of the
+/// highest offset seen per partition and a final synchronous commit.
+struct BareConsumer;
+
+impl ThroughputSubject for BareConsumer {
+    fn name(&self) -> &'static str {
+        "baseline"
+    }
+
+    async fn consume_all(
+        &self,
+        bootstrap: &str,
+        topic: &str,
+        group: &str,
+        expected: usize,
+    ) -> BenchResult<Duration> {
+        let consumer: BaseConsumer = consumer_config(bootstrap, group).create()?;
+        consumer.subscribe(&[topic])?;
+        let topic = topic.to_owned();
+        // `BaseConsumer::poll` blocks, so the loop gets a thread of its own.
+        tokio::task::spawn_blocking(move || {
+            let mut progress = Progress::new(expected);
+            let mut offsets = Offsets::default();
+            while !progress.done() {
+                match consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(message)) => {
+                        offsets.seen(message.partition(), message.offset());
+                        progress.record();
+                    }
+                    Some(Err(error)) => return Err(error.into()),
+                    None => progress.check_stuck()?,
+                }
+                if offsets.commit_due() {
+                    consumer.commit(&offsets.list(&topic)?, CommitMode::Async)?;
+                }
+            }
+            consumer.commit(&offsets.list(&topic)?, CommitMode::Sync)?;
+            Ok(progress.elapsed())
+        })
+        .await?
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// LEAD: this is where the Prosody client plugs in. Replace `StreamJsonSubject` in `main` by a
+// `ClientSubject` named "client" whose `consume_all` creates the client (pipeline mode, the
+// given bootstrap/group/topic, probes disabled), subscribes a no-op handler that counts records
+// and notes the instants of the first and last one (an `AtomicUsize` plus a `Notify` fired at
+// `expected`), awaits that notification (bounded by `NO_PROGRESS_TIMEOUT`), unsubscribes so the
+// final commit happens, and returns last - first. Until then, this async `StreamConsumer` that
+// decodes every payload as JSON stands in, so the report already has two figures.
+// -------------------------------------------------------------------------------------------
+
+/// Placeholder for the Prosody client: rdkafka's async `StreamConsumer` plus a JSON decode of
+/// every payload, committing like [`BareConsumer`].
+struct StreamJsonSubject;
+
+impl ThroughputSubject for StreamJsonSubject {
+    fn name(&self) -> &'static str {
+        "stream_json"
+    }
+
+    async fn consume_all(
+        &self,
+        bootstrap: &str,
+        topic: &str,
+        group: &str,
+        expected: usize,
+    ) -> BenchResult<Duration> {
+        let consumer: StreamConsumer = consumer_config(bootstrap, group).create()?;
+        consumer.subscribe(&[topic])?;
+        let mut progress = Progress::new(expected);
+        let mut offsets = Offsets::default();
+        while !progress.done() {
+            let message = match tokio::time::timeout(NO_PROGRESS_TIMEOUT, consumer.recv()).await {
+                Ok(message) => message?,
+                Err(_) => return Err(progress.stuck_error()),
+            };
+            let payload = message.payload().unwrap_or_default();
+            let decoded: serde_json::Value = serde_json::from_slice(payload)?;
+            std::hint::black_box(decoded);
+            offsets.seen(message.partition(), message.offset());
+            progress.record();
+            if offsets.commit_due() {
+                consumer.commit(&offsets.list(topic)?, CommitMode::Async)?;
+            }
+        }
+        consumer.commit(&offsets.list(topic)?, CommitMode::Sync)?;
+        Ok(progress.elapsed())
+    }
+}
+
+fn consumer_config(bootstrap: &str, group: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false");
+    config
+}
+
+/// Counts records and notes the first and last arrival.
+struct Progress {
+    expected: usize,
+    received: usize,
+    first: Option<Instant>,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(expected: usize) -> Self {
+        Self {
+            expected,
+            received: 0,
+            first: None,
+            last: Instant::now(),
+        }
+    }
+
+    fn record(&mut self) {
+        self.last = Instant::now();
+        self.first.get_or_insert(self.last);
+        self.received += 1;
+    }
+
+    fn done(&self) -> bool {
+        self.received >= self.expected
+    }
+
+    fn check_stuck(&self) -> BenchResult<()> {
+        if self.last.elapsed() > NO_PROGRESS_TIMEOUT {
+            Err(self.stuck_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn stuck_error(&self) -> Box<dyn Error + Send + Sync> {
+        format!(
+            "no record for {NO_PROGRESS_TIMEOUT:?} after {} of {} records",
+            self.received, self.expected
+        )
+        .into()
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.first
+            .map_or(Duration::ZERO, |first| self.last.duration_since(first))
+    }
+}
+
+/// The next offset to commit per partition, and when to commit it.
+struct Offsets {
+    next: HashMap<i32, i64>,
+    last_commit: Instant,
+}
+
+impl Default for Offsets {
+    fn default() -> Self {
+        Self {
+            next: HashMap::new(),
+            last_commit: Instant::now(),
+        }
+    }
+}
+
+impl Offsets {
+    fn seen(&mut self, partition: i32, offset: i64) {
+        self.next.insert(partition, offset + 1);
+    }
+
+    fn commit_due(&mut self) -> bool {
+        let due = self.last_commit.elapsed() >= COMMIT_INTERVAL;
+        if due {
+            self.last_commit = Instant::now();
+        }
+        due
+    }
+
+    fn list(&self, topic: &str) -> BenchResult<TopicPartitionList> {
+        let mut list = TopicPartitionList::with_capacity(self.next.len());
+        for (&partition, &next) in &self.next {
+            list.add_partition_offset(topic, partition, Offset::Offset(next))?;
+        }
+        Ok(list)
+    }
+}
+
+/// Counts failed deliveries so a broken produce phase is reported, not measured.
+#[derive(Default)]
+struct DeliveryTally {
+    failed: AtomicUsize,
+    first_error: Mutex<Option<String>>,
+}
+
+impl ClientContext for DeliveryTally {}
+
+impl ProducerContext for DeliveryTally {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, (): ()) {
+        if let Err((error, _)) = result {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut first) = self.first_error.lock() {
+                first.get_or_insert_with(|| error.to_string());
+            }
+        }
+    }
+}
+
+/// A JSON document of exactly `PAYLOAD_BYTES` bytes, shaped like an application event.
+fn payload(sequence: usize, key: &str) -> String {
+    let mut json = format!(r#"{{"type":"bench.event","id":"{sequence}","key":"{key}","pad":""#);
+    let pad = PAYLOAD_BYTES.saturating_sub(json.len() + 2);
+    json.extend(std::iter::repeat_n('x', pad));
+    json.push_str("\"}");
+    json
+}
+
+fn produce(bootstrap: &str, topic: &str, records: usize, keys: usize) -> BenchResult<Duration> {
+    let producer: BaseProducer<DeliveryTally> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .create_with_context(DeliveryTally::default())?;
+    let started = Instant::now();
+    let mut key = String::new();
+    for sequence in 0..records {
+        key.clear();
+        write!(key, "key-{:05}", sequence % keys)?;
+        let value = payload(sequence, &key);
+        if value.len() != PAYLOAD_BYTES {
+            return Err(format!(
+                "payload of {} bytes, not {PAYLOAD_BYTES}: {value}",
+                value.len()
+            )
+            .into());
+        }
+        let mut record = BaseRecord::to(topic)
+            .key(key.as_str())
+            .payload(value.as_str());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // The local queue is full: serve delivery reports to make room.
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((error, _)) => return Err(error.into()),
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(120))?;
+    let elapsed = started.elapsed();
+    let tally = producer.context();
+    let failed = tally.failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        let first = tally
+            .first_error
+            .lock()
+            .ok()
+            .and_then(|first| first.clone())
+            .unwrap_or_default();
+        return Err(format!("{failed} records were not delivered (first error: {first})").into());
+    }
+    Ok(elapsed)
+}
+
+async fn create_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    partitions: i32,
+) -> BenchResult<()> {
+    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+    let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for result in admin.create_topics([&new_topic], &options).await? {
+        result.map_err(|(name, code)| format!("cannot create topic {name}: {code}"))?;
+    }
+    Ok(())
+}
+
+async fn delete_topic(admin: &AdminClient<DefaultClientContext>, topic: &str) -> BenchResult<()> {
+    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+    for result in admin.delete_topics(&[topic], &options).await? {
+        result.map_err(|(name, code)| format!("cannot delete topic {name}: {code}"))?;
+    }
+    Ok(())
+}
+
+/// Resident set size figures of this process, from `/proc/self/status`.
+struct Memory {
+    current_kib: u64,
+    peak_kib: u64,
+}
+
+impl Memory {
+    fn read() -> Option<Self> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|kib| kib.parse().ok())
+        };
+        Some(Self {
+            current_kib: field("VmRSS:")?,
+            peak_kib: field("VmHWM:")?,
+        })
+    }
+
+    /// Starts a new peak measurement (Linux resets `VmHWM` when "5" is written to
+    /// `clear_refs`), so each phase reports its own peak. Returns whether it worked.
+    fn reset_peak() -> bool {
+        std::fs::write("/proc/self/clear_refs", "5").is_ok()
+    }
+}
+
+fn mib(kib: u64) -> String {
+    // Precision loss only past 2^52 KiB.
+    #[allow(clippy::cast_precision_loss)]
+    let mib = kib as f64 / 1024.0;
+    format!("{mib:.1} MiB")
+}
+
+/// Tracks the process-wide peak across phases even though each phase resets `VmHWM`.
+struct MemoryReport {
+    peak_kib: u64,
+    per_phase: bool,
+}
+
+impl MemoryReport {
+    fn start() -> Self {
+        let per_phase = Memory::reset_peak();
+        Self {
+            peak_kib: Memory::read().map_or(0, |memory| memory.peak_kib),
+            per_phase,
+        }
+    }
+
+    fn after(&mut self, phase: &str) {
+        let Some(memory) = Memory::read() else {
+            println!("rss after {phase}: unavailable (no /proc/self/status)");
+            return;
+        };
+        self.peak_kib = self.peak_kib.max(memory.peak_kib);
+        if self.per_phase {
+            println!(
+                "rss after {phase}: {} (phase peak {})",
+                mib(memory.current_kib),
+                mib(memory.peak_kib)
+            );
+            self.per_phase = Memory::reset_peak();
+        } else {
+            println!(
+                "rss after {phase}: {} (process peak so far {})",
+                mib(memory.current_kib),
+                mib(memory.peak_kib)
+            );
+        }
+    }
+}
+
+fn rate(records: usize, elapsed: Duration) -> f64 {
+    // Record counts stay far below 2^52.
+    #[allow(clippy::cast_precision_loss)]
+    let records = records as f64;
+    records / elapsed.as_secs_f64().max(f64::EPSILON)
+}
+
+fn median(rates: &mut [f64]) -> Option<f64> {
+    rates.sort_by(f64::total_cmp);
+    rates.get(rates.len() / 2).copied()
+}
+
+async fn measure(
+    subject: &impl ThroughputSubject,
+    bootstrap: &str,
+    topic: &str,
+    round: usize,
+    records: usize,
+    memory: &mut MemoryReport,
+) -> BenchResult<f64> {
+    let group = format!("{topic}-{}-{round}", subject.name());
+    let elapsed = subject
+        .consume_all(bootstrap, topic, &group, records)
+        .await
+        .map_err(|error| format!("{}: {error}", subject.name()))?;
+    let per_second = rate(records, elapsed);
+    println!(
+        "{}: {per_second:.0} records/s ({records} records in {:.3} s)",
+        subject.name(),
+        elapsed.as_secs_f64()
+    );
+    memory.after(subject.name());
+    Ok(per_second)
+}
+
+async fn run(options: &Options) -> BenchResult<()> {
+    let bootstrap = env::var("PROSODY_BOOTSTRAP_SERVERS").map_err(|_| {
+        "PROSODY_BOOTSTRAP_SERVERS is not set: this benchmark needs a real Kafka. \
+         Run scripts/bench, or `eval \"$(scripts/services up kafka)\"` first."
+    })?;
+    let mut memory = MemoryReport::start();
+    let unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let topic = format!("prosody-bench-{unix_ms}-{}", std::process::id());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()?;
+    create_topic(&admin, &topic, options.partitions).await?;
+    println!(
+        "bench: topic {topic} ({} partitions), {} records, {} keys, {PAYLOAD_BYTES}-byte payloads, {} round(s)",
+        options.partitions, options.records, options.keys, options.rounds
+    );
+
+    let outcome = measure_all(&bootstrap, &topic, options, &mut memory).await;
+    if options.keep_topic {
+        println!("bench: kept topic {topic}");
+    } else if let Err(error) = delete_topic(&admin, &topic).await {
+        eprintln!("bench: warning: {error}");
+    }
+    outcome?;
+    println!("peak rss: {}", mib(memory.peak_kib));
+    Ok(())
+}
+
+async fn measure_all(
+    bootstrap: &str,
+    topic: &str,
+    options: &Options,
+    memory: &mut MemoryReport,
+) -> BenchResult<()> {
+    let produce_elapsed = {
+        let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+        let (records, keys) = (options.records, options.keys);
+        // librdkafka's producer API is blocking; keep it off the async workers.
+        tokio::task::spawn_blocking(move || produce(&bootstrap, &topic, records, keys)).await??
+    };
+    println!(
+        "produce: {:.0} records/s ({} records in {:.3} s)",
+        rate(options.records, produce_elapsed),
+        options.records,
+        produce_elapsed.as_secs_f64()
+    );
+    memory.after("produce");
+
+    let baseline = BareConsumer;
+    let subject = StreamJsonSubject;
+    let run_baseline = options
+        .only
+        .as_deref()
+        .is_none_or(|only| only == baseline.name());
+    let run_subject = options
+        .only
+        .as_deref()
+        .is_none_or(|only| only == subject.name());
+    if !run_baseline && !run_subject {
+        return Err(format!("--only: expected {} or {}", baseline.name(), subject.name()).into());
+    }
+    let mut baseline_rates = Vec::with_capacity(options.rounds);
+    let mut subject_rates = Vec::with_capacity(options.rounds);
+    for round in 0..options.rounds {
+        // Alternating who goes first spreads any warm-up or leftover-memory advantage evenly.
+        let baseline_first = round % 2 == 0;
+        if run_baseline && baseline_first {
+            baseline_rates
+                .push(measure(&baseline, bootstrap, topic, round, options.records, memory).await?);
+        }
+        if run_subject {
+            subject_rates
+                .push(measure(&subject, bootstrap, topic, round, options.records, memory).await?);
+        }
+        if run_baseline && !baseline_first {
+            baseline_rates
+                .push(measure(&baseline, bootstrap, topic, round, options.records, memory).await?);
+        }
+    }
+    let baseline_rate = median(&mut baseline_rates);
+    let subject_rate = median(&mut subject_rates);
+    if let Some(rate) = baseline_rate {
+        println!("{} median: {rate:.0} records/s", baseline.name());
+    }
+    if let Some(rate) = subject_rate {
+        println!("{} median: {rate:.0} records/s", subject.name());
+    }
+    if let (Some(baseline_rate), Some(subject_rate)) = (baseline_rate, subject_rate) {
+        println!(
+            "ratio {}/{}: {:.2}",
+            subject.name(),
+            baseline.name(),
+            subject_rate / baseline_rate
+        );
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let options = match Options::parse() {
+        Ok(Some(options)) => options,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("bench: error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("bench: error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
@@ -20,6 +20,7 @@ use tracing::{debug, error, warn};
 use super::partition::{Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use crate::event::Event;
+use crate::probes::{HealthRegistry, PartitionHealth};
 
 /// How a dispatch ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +66,7 @@ pub struct EngineLimits {
 
 struct Slot {
     work: PartitionWork,
+    health: PartitionHealth,
     drained: Arc<Notify>,
 }
 
@@ -75,6 +77,7 @@ struct Inner {
     flow: Arc<dyn FlowControl>,
     permits: Arc<Semaphore>,
     limits: EngineLimits,
+    health: HealthRegistry,
     runtime: Handle,
 }
 
@@ -85,12 +88,14 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine that spawns its key runners on `runtime`.
+    /// An engine that spawns its key runners on `runtime` and reports assignment, work and
+    /// progress of its partitions to `health` (which the probes and the client read).
     #[must_use]
     pub fn new(
         limits: EngineLimits,
         dispatch: Arc<dyn Dispatch>,
         flow: Arc<dyn FlowControl>,
+        health: HealthRegistry,
         runtime: Handle,
     ) -> Self {
         let permits = Arc::new(Semaphore::new(limits.max_concurrency.max(1)));
@@ -102,6 +107,7 @@ impl Engine {
                 flow,
                 permits,
                 limits,
+                health,
                 runtime,
             }),
         }
@@ -109,7 +115,6 @@ impl Engine {
 
     /// Starts tracking newly assigned partitions. A partition already tracked keeps its work.
     pub fn assign(&self, partitions: impl IntoIterator<Item = TopicPartition>) {
-        let now = Instant::now();
         let mut state = self.inner.state.lock();
         for partition in partitions {
             if state.contains_key(&partition) {
@@ -125,12 +130,16 @@ impl Engine {
                 generation,
                 self.inner.limits.max_uncommitted,
                 CancellationToken::new(),
-                now,
             );
+            let health = self
+                .inner
+                .health
+                .partition_assigned(partition.topic.as_str(), partition.partition.0);
             state.insert(
                 partition,
                 Slot {
                     work,
+                    health,
                     drained: Arc::new(Notify::new()),
                 },
             );
@@ -146,7 +155,14 @@ impl Engine {
                 warn!(%partition, "record of an unassigned partition dropped");
                 return;
             };
-            (slot.work.offer(event), slot.work.generation())
+            let offer = slot.work.offer(event);
+            if matches!(
+                offer,
+                Offer::StartRunner(_) | Offer::Queued | Offer::Held { .. }
+            ) {
+                slot.health.work_pending();
+            }
+            (offer, slot.work.generation())
         };
         match offer {
             Offer::StartRunner(key) => self.spawn_runner(partition.clone(), generation, key),
@@ -217,6 +233,9 @@ impl Engine {
             .filter_map(|partition| {
                 let slot = state.remove(partition)?;
                 slot.work.cancel_token().cancel();
+                self.inner
+                    .health
+                    .partition_revoked(partition.topic.as_str(), partition.partition.0);
                 let offset = slot.work.committable()?;
                 Some((partition.clone(), offset))
             })
@@ -243,20 +262,14 @@ impl Engine {
     /// Number of assigned partitions.
     #[must_use]
     pub fn assigned_partition_count(&self) -> usize {
-        self.inner.state.lock().len()
+        self.inner.health.assigned_partition_count()
     }
 
     /// True when some partition has work and made no progress for `threshold`.
     #[must_use]
     pub fn is_stalled(&self, threshold: Duration) -> bool {
-        let Some(since) = Instant::now().checked_sub(threshold) else {
-            return false;
-        };
-        self.inner
-            .state
-            .lock()
-            .values()
-            .any(|slot| slot.work.stalled_since(since))
+        let health = &self.inner.health;
+        health.is_stalled(threshold, health.now())
     }
 
     /// Counts for observability and tests: (queued + running, running, held) summed over
@@ -325,10 +338,12 @@ impl Engine {
             else {
                 return;
             };
-            (
-                slot.work.finish(offset, Instant::now()),
-                slot.drained.clone(),
-            )
+            let finished = slot.work.finish(offset);
+            slot.health.progress();
+            if slot.work.is_idle() {
+                slot.health.idle();
+            }
+            (finished, slot.drained.clone())
         };
         for key in finished.start {
             self.spawn_runner(partition.clone(), generation, key);
@@ -446,6 +461,7 @@ mod tests {
             },
             recorder,
             flow,
+            HealthRegistry::new(),
             Handle::current(),
         )
     }
@@ -527,7 +543,7 @@ mod tests {
         engine.offer(&partition, event("a", 0));
         engine.offer(&partition, event("a", 1));
         until(|| recorder.running.load(Ordering::SeqCst) == 1).await;
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         let offsets = engine.revoke(std::slice::from_ref(&partition)).await;
         let waited = started.elapsed();
         assert!(

@@ -11,11 +11,9 @@
 //! queue empty, so an event offered concurrently either lands in the queue the runner will
 //! still see or starts a new runner.
 
+use prosody_api::{Key, Offset};
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
-
-use prosody_api::{Key, Offset};
 use tokio_util::sync::CancellationToken;
 
 use super::offsets::OffsetTracker;
@@ -64,7 +62,6 @@ pub struct PartitionWork {
     paused: bool,
     revoked: bool,
     cancel: CancellationToken,
-    last_progress: Instant,
 }
 
 impl PartitionWork {
@@ -72,12 +69,7 @@ impl PartitionWork {
     /// from earlier ones of the same partition, so runners of a revoked assignment cannot
     /// touch a later one. `max_backlog` (>= 1) bounds queued plus running events.
     #[must_use]
-    pub fn new(
-        generation: u64,
-        max_backlog: usize,
-        cancel: CancellationToken,
-        now: Instant,
-    ) -> Self {
+    pub fn new(generation: u64, max_backlog: usize, cancel: CancellationToken) -> Self {
         Self {
             generation,
             max_backlog: max_backlog.max(1),
@@ -89,7 +81,6 @@ impl PartitionWork {
             paused: false,
             revoked: false,
             cancel,
-            last_progress: now,
         }
     }
 
@@ -166,9 +157,8 @@ impl PartitionWork {
 
     /// Records that an event taken with [`Self::next_for`] finished (successfully or given up
     /// by the failure policy: either way its offset may be committed).
-    pub fn finish(&mut self, offset: Option<Offset>, now: Instant) -> Finished {
+    pub fn finish(&mut self, offset: Option<Offset>) -> Finished {
         self.running = self.running.saturating_sub(1);
-        self.last_progress = now;
         self.backlog = self.backlog.saturating_sub(1);
         // A handler that finishes during a revocation's drain still counts: its offset is part
         // of the final commit.
@@ -236,16 +226,10 @@ impl PartitionWork {
         self.paused
     }
 
-    /// True when the partition has work and made no progress since `since`.
+    /// True when nothing is queued, running or held.
     #[must_use]
-    pub fn stalled_since(&self, since: Instant) -> bool {
-        (self.backlog > 0 || !self.held.is_empty()) && self.last_progress < since
-    }
-
-    /// When an event last finished (or the partition was assigned).
-    #[must_use]
-    pub fn last_progress(&self) -> Instant {
-        self.last_progress
+    pub fn is_idle(&self) -> bool {
+        self.backlog == 0 && self.held.is_empty()
     }
 }
 
@@ -269,7 +253,7 @@ mod tests {
     }
 
     fn work(max_backlog: usize) -> PartitionWork {
-        PartitionWork::new(1, max_backlog, CancellationToken::new(), Instant::now())
+        PartitionWork::new(1, max_backlog, CancellationToken::new())
     }
 
     #[test]
@@ -291,11 +275,11 @@ mod tests {
             Offer::Queued,
             "a is still active"
         );
-        work.finish(Some(Offset(0)), Instant::now());
+        work.finish(Some(Offset(0)));
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(2)));
-        work.finish(Some(Offset(2)), Instant::now());
+        work.finish(Some(Offset(2)));
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(3)));
-        work.finish(Some(Offset(3)), Instant::now());
+        work.finish(Some(Offset(3)));
         assert_eq!(work.next_for(&a), None, "queue empty: the runner stops");
         assert_eq!(
             work.offer(event("a", 4)),
@@ -323,7 +307,7 @@ mod tests {
 
         let k0 = Key::from("k0");
         work.next_for(&k0);
-        let finished = work.finish(Some(Offset(0)), Instant::now());
+        let finished = work.finish(Some(Offset(0)));
         assert_eq!(
             finished.start,
             vec![Key::from("k9")],
@@ -336,16 +320,16 @@ mod tests {
         for key in ["k1", "k2"] {
             work.next_for(&Key::from(key));
         }
-        let finished = work.finish(Some(Offset(1)), Instant::now());
+        let finished = work.finish(Some(Offset(1)));
         assert!(
             finished.start.is_empty(),
             "k9 already active: queued behind it"
         );
         assert!(!finished.resume, "backlog 4 of 4");
-        let finished = work.finish(Some(Offset(2)), Instant::now());
+        let finished = work.finish(Some(Offset(2)));
         assert!(!finished.resume, "backlog 3 of 4: above half");
         work.next_for(&Key::from("k3"));
-        let finished = work.finish(Some(Offset(3)), Instant::now());
+        let finished = work.finish(Some(Offset(3)));
         assert!(finished.resume, "backlog 2 of 4: resume");
         assert!(!work.is_paused());
         assert_eq!(work.committable(), Some(Offset(4)));
@@ -362,7 +346,7 @@ mod tests {
         assert!(!work.revoke(), "a is running");
         assert_eq!(work.offer(event("c", 3)), Offer::Revoked);
         assert_eq!(work.next_for(&a), None, "no more dispatch after revoke");
-        let finished = work.finish(Some(Offset(0)), Instant::now());
+        let finished = work.finish(Some(Offset(0)));
         assert!(finished.drained);
         assert_eq!(
             work.committable(),
@@ -377,18 +361,5 @@ mod tests {
         work.offer(event("a", 5));
         assert_eq!(work.offer(event("a", 5)), Offer::Duplicate);
         assert_eq!(work.offer(event("a", 4)), Offer::Duplicate);
-    }
-
-    #[test]
-    fn stall_needs_pending_work() {
-        let start = Instant::now();
-        let mut work = PartitionWork::new(1, 4, CancellationToken::new(), start);
-        let later = start + std::time::Duration::from_secs(10);
-        assert!(!work.stalled_since(later), "idle partitions never stall");
-        work.offer(event("a", 0));
-        assert!(work.stalled_since(later));
-        work.next_for(&Key::from("a"));
-        work.finish(Some(Offset(0)), later);
-        assert!(!work.stalled_since(later));
     }
 }

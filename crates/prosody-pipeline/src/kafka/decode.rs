@@ -1,68 +1,110 @@
-//! Decoding Kafka records into events (provisional; replaced by the full decoder).
+//! Turns a consumed Kafka record into an [`Event`]: a [`Message`] with a JSON payload, an
+//! [`ExciseMessage`] for a null value (tombstone), or a [`DecodeError`] naming the problem and
+//! the record.
+//!
+//! Decoding is generic over rdkafka's [`Message`](RdMessage) trait so the consumer passes its
+//! `BorrowedMessage` (no copy of the payload before it is parsed) and unit tests pass an
+//! `OwnedMessage` built in memory.
 
-use prosody_api::{ExciseMessage, Headers, Key, Message, Offset, Partition, Timestamp, Topic};
-use rdkafka::Message as _;
-use rdkafka::message::{BorrowedMessage, Headers as _};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::str::Utf8Error;
+
+use prosody_api::{
+    ClassifyError, ErrorClass, ExciseMessage, Headers, Key, Message, Offset, Partition, Timestamp,
+    Topic,
+};
+use rdkafka::message::Message as RdMessage;
 
 use crate::event::Event;
 
+/// Default largest accepted record value: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// The timestamp given to records whose broker reported none (Kafka's `NO_TIMESTAMP`).
+const NO_TIMESTAMP: i64 = -1;
+
+/// Why a record cannot be given to a handler.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeProblem {
+    /// The record has no key; Prosody orders and stores everything per key.
+    #[error("the key is missing")]
+    MissingKey,
+    /// The key is zero bytes long.
+    #[error("the key is empty")]
+    EmptyKey,
+    /// The key bytes are not UTF-8.
+    #[error("the key is not valid UTF-8: {0}")]
+    KeyNotUtf8(#[source] Utf8Error),
+    /// The value is larger than the configured maximum.
+    #[error("the value is {size} bytes, over the limit of {max} bytes")]
+    ValueTooLarge {
+        /// Size of the value in bytes.
+        size: usize,
+        /// The configured maximum in bytes.
+        max: usize,
+    },
+    /// The value is not a JSON document.
+    #[error("the value is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+}
+
+/// A record that could not be decoded, with where it lives so it can be logged, committed past
+/// and routed to the failure topic.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot decode record at {topic}/{partition}@{offset}: {problem}")]
+pub struct DecodeError {
+    /// Topic of the record.
+    pub topic: Topic,
+    /// Partition of the record.
+    pub partition: Partition,
+    /// Offset of the record.
+    pub offset: Offset,
+    /// What is wrong with it.
+    #[source]
+    pub problem: DecodeProblem,
+}
+
+/// The same bytes fail the same way on every attempt.
+impl ClassifyError for DecodeError {
+    fn error_class(&self) -> ErrorClass {
+        ErrorClass::Permanent
+    }
+}
+
 /// Limits applied while decoding.
-#[derive(Clone, Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeLimits {
-    /// The largest accepted record value, in bytes.
+    /// The largest accepted record value, in bytes (inclusive).
     pub max_value_bytes: usize,
 }
 
 impl Default for DecodeLimits {
     fn default() -> Self {
         Self {
-            max_value_bytes: 1024 * 1024,
+            max_value_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
 }
 
-/// Why a record cannot become an event.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    /// The record has no key or an empty one.
-    #[error("record has no key")]
-    MissingKey,
-    /// The key is not UTF-8.
-    #[error("record key is not UTF-8")]
-    KeyNotUtf8,
-    /// The value is too large.
-    #[error("record value of {size} bytes exceeds the limit of {limit} bytes")]
-    TooLarge {
-        /// Value size.
-        size: usize,
-        /// The limit.
-        limit: usize,
-    },
-    /// The value is not JSON.
-    #[error("record value is not JSON: {0}")]
-    NotJson(#[from] serde_json::Error),
-}
-
-/// Decodes a record: a null value is an excise record, anything else must be JSON.
+/// Decodes `record`. A null value makes an excise event; anything else must be JSON.
 ///
 /// # Errors
-/// When the key is missing, empty or not UTF-8, or the value is too large or not JSON.
-pub fn decode(record: &BorrowedMessage<'_>, limits: &DecodeLimits) -> Result<Event, DecodeError> {
-    let key = match record.key() {
-        None | Some([]) => return Err(DecodeError::MissingKey),
-        Some(bytes) => std::str::from_utf8(bytes).map_err(|_| DecodeError::KeyNotUtf8)?,
+/// A [`DecodeError`] for a missing, empty or non-UTF-8 key, a value over
+/// [`DecodeLimits::max_value_bytes`], or a value that is not JSON.
+pub fn decode<M: RdMessage>(record: &M, limits: &DecodeLimits) -> Result<Event, DecodeError> {
+    let fail = |problem| DecodeError {
+        topic: Topic::from(record.topic()),
+        partition: Partition(record.partition()),
+        offset: Offset(record.offset()),
+        problem,
     };
-    let mut headers = Headers::new();
-    if let Some(borrowed) = record.headers() {
-        for header in borrowed.iter() {
-            headers.push(header.key, header.value.map(<[u8]>::to_vec));
-        }
-    }
+    let key = decode_key(record.key()).map_err(fail)?;
     let topic = Topic::from(record.topic());
     let partition = Partition(record.partition());
     let offset = Offset(record.offset());
-    let timestamp = Timestamp::from_millis(record.timestamp().to_millis().unwrap_or(0));
-    let key = Key::from(key);
+    let timestamp = Timestamp::from_millis(record.timestamp().to_millis().unwrap_or(NO_TIMESTAMP));
+    let headers = record.headers().map(read_headers).unwrap_or_default();
+
     let Some(value) = record.payload() else {
         return Ok(Event::Excise(ExciseMessage {
             topic,
@@ -73,19 +115,252 @@ pub fn decode(record: &BorrowedMessage<'_>, limits: &DecodeLimits) -> Result<Eve
             headers,
         }));
     };
+    // Checked before parsing so an oversized record costs no parse time.
     if value.len() > limits.max_value_bytes {
-        return Err(DecodeError::TooLarge {
+        return Err(fail(DecodeProblem::ValueTooLarge {
             size: value.len(),
-            limit: limits.max_value_bytes,
-        });
+            max: limits.max_value_bytes,
+        }));
     }
+    let payload =
+        serde_json::from_slice(value).map_err(|error| fail(DecodeProblem::NotJson(error)))?;
     Ok(Event::Message(Message {
         topic,
         partition,
         offset,
         timestamp,
         key,
-        payload: serde_json::from_slice(value)?,
+        payload,
         headers,
     }))
+}
+
+fn decode_key(key: Option<&[u8]>) -> Result<Key, DecodeProblem> {
+    match key {
+        None => Err(DecodeProblem::MissingKey),
+        Some([]) => Err(DecodeProblem::EmptyKey),
+        Some(bytes) => std::str::from_utf8(bytes)
+            .map(Key::from)
+            .map_err(DecodeProblem::KeyNotUtf8),
+    }
+}
+
+/// Copies the record's headers, in order, keeping null values.
+///
+/// rdkafka panics on a header *name* that is not UTF-8 (it unwraps `CStr::to_str`), and a
+/// foreign producer can write one. A bad header must not crash the consumer, so each header is
+/// read behind `catch_unwind` and an unreadable one is skipped with a warning.
+fn read_headers<H: rdkafka::message::Headers>(source: &H) -> Headers {
+    let mut headers = Headers::new();
+    for index in 0..source.count() {
+        let read = catch_unwind(AssertUnwindSafe(|| {
+            source
+                .try_get(index)
+                .map(|header| (header.key.to_owned(), header.value.map(<[u8]>::to_vec)))
+        }));
+        match read {
+            Ok(Some((name, value))) => headers.push(name, value),
+            Ok(None) => {}
+            Err(_) => tracing::warn!(index, "skipping a record header whose name is not UTF-8"),
+        }
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use prosody_api::record::{SOURCE_SYSTEM_HEADER, TRACEPARENT_HEADER};
+    use rdkafka::Timestamp as RdTimestamp;
+    use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+    use serde_json::json;
+
+    use super::*;
+
+    fn record(key: Option<&[u8]>, value: Option<&[u8]>) -> OwnedMessage {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: SOURCE_SYSTEM_HEADER,
+                value: Some("billing"),
+            })
+            .insert(Header {
+                key: "nullable",
+                value: None::<&[u8]>,
+            })
+            .insert(Header {
+                key: TRACEPARENT_HEADER,
+                value: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            });
+        OwnedMessage::new(
+            value.map(<[u8]>::to_vec),
+            key.map(<[u8]>::to_vec),
+            "orders".to_owned(),
+            RdTimestamp::CreateTime(1_700_000_000_000),
+            3,
+            42,
+            Some(headers),
+        )
+    }
+
+    fn decode_default(record: &OwnedMessage) -> Result<Event, DecodeError> {
+        decode(record, &DecodeLimits::default())
+    }
+
+    fn problem(result: Result<Event, DecodeError>) -> DecodeError {
+        match result {
+            Ok(decoded) => panic!("expected a decode error, got {decoded:?}"),
+            Err(error) => error,
+        }
+    }
+
+    #[test]
+    fn decodes_a_json_message_with_location_and_headers() {
+        let decoded = decode_default(&record(
+            Some(b"k1"),
+            Some(br#"{"type":"order.created","n":1}"#),
+        ))
+        .expect("valid record");
+        let Event::Message(message) = decoded else {
+            panic!("expected a message, got {decoded:?}");
+        };
+        assert_eq!(message.topic, Topic::from("orders"));
+        assert_eq!(message.partition, Partition(3));
+        assert_eq!(message.offset, Offset(42));
+        assert_eq!(message.timestamp, Timestamp::from_millis(1_700_000_000_000));
+        assert_eq!(message.key, Key::from("k1"));
+        assert_eq!(message.payload, json!({"type": "order.created", "n": 1}));
+        assert_eq!(message.headers.source_system(), Some("billing"));
+        assert!(message.headers.traceparent().is_some());
+        let names: Vec<_> = message.headers.iter().map(|(name, _)| name).collect();
+        assert_eq!(
+            names,
+            [SOURCE_SYSTEM_HEADER, "nullable", TRACEPARENT_HEADER]
+        );
+        assert_eq!(message.headers.iter().nth(1), Some(("nullable", None)));
+    }
+
+    #[test]
+    fn null_value_is_an_excise_record() {
+        let decoded = decode_default(&record(Some(b"k1"), None)).expect("tombstone");
+        let Event::Excise(excise) = decoded else {
+            panic!("expected an excise record, got {decoded:?}");
+        };
+        assert_eq!(excise.key, Key::from("k1"));
+        assert_eq!(excise.offset, Offset(42));
+        assert_eq!(excise.headers.source_system(), Some("billing"));
+    }
+
+    #[test]
+    fn value_that_is_not_json_is_rejected_with_serde_reason() {
+        let error = problem(decode_default(&record(Some(b"k1"), Some(b"{not json"))));
+        assert!(
+            matches!(error.problem, DecodeProblem::NotJson(_)),
+            "{error}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.starts_with("cannot decode record at orders/3@42: the value is not JSON: "),
+            "{text}"
+        );
+        assert!(
+            text.contains("line 1 column 2"),
+            "serde's reason is kept: {text}"
+        );
+        assert!(error.is_permanent());
+    }
+
+    #[test]
+    fn empty_value_is_not_json() {
+        let error = problem(decode_default(&record(Some(b"k1"), Some(b""))));
+        assert!(
+            matches!(error.problem, DecodeProblem::NotJson(_)),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn value_over_the_limit_is_rejected_with_sizes() {
+        let big = format!("\"{}\"", "x".repeat(DEFAULT_MAX_PAYLOAD_BYTES));
+        let error = problem(decode_default(&record(Some(b"k1"), Some(big.as_bytes()))));
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "cannot decode record at orders/3@42: the value is {} bytes, over the limit of 1048576 bytes",
+                DEFAULT_MAX_PAYLOAD_BYTES + 2
+            )
+        );
+    }
+
+    #[test]
+    fn limit_is_configurable_and_inclusive() {
+        let limits = DecodeLimits { max_value_bytes: 3 };
+        assert!(decode(&record(Some(b"k1"), Some(b"123")), &limits).is_ok());
+        let error = problem(decode(&record(Some(b"k1"), Some(b"1234")), &limits));
+        assert!(
+            matches!(
+                error.problem,
+                DecodeProblem::ValueTooLarge { size: 4, max: 3 }
+            ),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn empty_key_is_rejected() {
+        let error = problem(decode_default(&record(Some(b""), Some(b"{}"))));
+        assert!(matches!(error.problem, DecodeProblem::EmptyKey), "{error}");
+        assert_eq!(
+            error.to_string(),
+            "cannot decode record at orders/3@42: the key is empty"
+        );
+    }
+
+    #[test]
+    fn key_that_is_not_utf8_is_rejected() {
+        let error = problem(decode_default(&record(
+            Some(&[0x66, 0xff, 0xfe]),
+            Some(b"{}"),
+        )));
+        assert!(
+            matches!(error.problem, DecodeProblem::KeyNotUtf8(_)),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("the key is not valid UTF-8"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn missing_key_is_rejected_for_messages_and_excises() {
+        for value in [Some(&b"{}"[..]), None] {
+            let error = problem(decode_default(&record(None, value)));
+            assert!(
+                matches!(error.problem, DecodeProblem::MissingKey),
+                "{error}"
+            );
+            assert_eq!(
+                error.to_string(),
+                "cannot decode record at orders/3@42: the key is missing"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_timestamp_and_headers_are_tolerated() {
+        let bare = OwnedMessage::new(
+            Some(b"[1,2]".to_vec()),
+            Some(b"k".to_vec()),
+            "t".to_owned(),
+            RdTimestamp::NotAvailable,
+            0,
+            0,
+            None,
+        );
+        let Event::Message(message) = decode_default(&bare).expect("valid") else {
+            panic!("expected a message");
+        };
+        assert_eq!(message.timestamp, Timestamp::from_millis(-1));
+        assert!(message.headers.is_empty());
+        assert_eq!(message.payload, json!([1, 2]));
+    }
 }

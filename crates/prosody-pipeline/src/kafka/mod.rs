@@ -1,3 +1,14 @@
 //! Everything that talks to librdkafka (through `rdkafka`) apart from the poll loop.
 
+pub mod admin;
+mod classify;
 pub mod decode;
+pub mod headers;
+pub mod mock;
+pub mod producer;
+
+pub use admin::{AdminClient, AdminError};
+pub use decode::{DecodeError, DecodeLimits, DecodeProblem, decode};
+pub use headers::{HeaderInjector, OutgoingHeaders, TraceContext};
+pub use mock::{MockError, MockKafka};
+pub use producer::{Delivery, Producer, ProducerConfig, ProducerError, SendOptions};

@@ -1,60 +1,107 @@
 //! Quickstart on the embedded default: no external services.
 //!
-//! Starts librdkafka's in-process mock cluster, produces a few keyed JSON records and consumes
-//! them back in a consumer group, printing each one. Run with `cargo run --example quickstart`.
+//! `mock: true` without bootstrap servers starts librdkafka's in-process mock Kafka cluster and
+//! keeps storage in memory (mock mode creates the subscribed topic). The client subscribes a
+//! handler, sends a few keyed JSON messages and an excise record, and prints what the handler
+//! receives: each key's events in order, different keys concurrently. Run with
+//! `cargo run --example quickstart`.
 
 use std::error::Error;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Message;
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
+use async_trait::async_trait;
+use prosody::api::{EventContext, EventHandler, ExciseMessage, HandlerError, Message, Timer};
+use prosody::config::ProbePort;
+use prosody::{ClientOptions, ProsodyClient};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 const TOPIC: &str = "quickstart";
 
+/// Prints every event and reports it on a channel so `main` knows when all arrived.
+struct PrintingHandler {
+    received: mpsc::UnboundedSender<String>,
+}
+
+#[async_trait]
+impl EventHandler for PrintingHandler {
+    type Error = HandlerError;
+
+    async fn on_message(
+        &self,
+        _: &dyn EventContext,
+        message: &Message,
+    ) -> Result<Value, HandlerError> {
+        let line = format!(
+            "message key={} partition={} offset={} payload={}",
+            message.key, message.partition, message.offset, message.payload
+        );
+        println!("{line}");
+        self.received.send(line).map_err(HandlerError::permanent)?;
+        Ok(Value::Null)
+    }
+
+    async fn on_excise(
+        &self,
+        _: &dyn EventContext,
+        message: &ExciseMessage,
+    ) -> Result<Value, HandlerError> {
+        let line = format!("excise key={} offset={}", message.key, message.offset);
+        println!("{line}");
+        self.received.send(line).map_err(HandlerError::permanent)?;
+        Ok(Value::Null)
+    }
+
+    async fn on_timer(&self, _: &dyn EventContext, timer: &Timer) -> Result<(), HandlerError> {
+        println!("timer key={} time={}", timer.key, timer.time);
+        Ok(())
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let cluster = MockCluster::new(1)?;
-    cluster.create_topic(TOPIC, 2, 1)?;
-    let bootstrap = cluster.bootstrap_servers();
-    println!("mock Kafka cluster at {bootstrap}");
+    let client = ProsodyClient::from_options(ClientOptions {
+        mock: Some(true),
+        group_id: Some("quickstart".to_owned()),
+        subscribed_topics: Some(vec![TOPIC.to_owned()]),
+        probe_port: Some(ProbePort::Disabled),
+        ..ClientOptions::default()
+    })
+    .await?;
+    println!("mock Kafka cluster at {}", client.bootstrap_servers());
 
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()?;
-    let records = [
-        ("customer-1", r#"{"type":"order.created","amount":10}"#),
-        ("customer-2", r#"{"type":"order.created","amount":25}"#),
-        ("customer-1", r#"{"type":"order.paid","amount":10}"#),
-    ];
-    for (key, payload) in records {
-        producer
-            .send(
-                FutureRecord::to(TOPIC).key(key).payload(payload),
-                Timeout::After(Duration::from_secs(5)),
-            )
-            .await
-            .map_err(|(error, _)| error)?;
-    }
+    let (received, mut events) = mpsc::unbounded_channel();
+    client.subscribe(PrintingHandler { received }).await?;
 
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "quickstart")
-        .set("auto.offset.reset", "earliest")
-        .create()?;
-    consumer.subscribe(&[TOPIC])?;
-    for _ in 0..records.len() {
-        let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv()).await??;
-        let key = message.key().map(String::from_utf8_lossy).unwrap_or_default();
-        let payload = message.payload().map(String::from_utf8_lossy).unwrap_or_default();
-        println!(
-            "received key={key} partition={} offset={} payload={payload}",
-            message.partition(),
-            message.offset()
-        );
+    client
+        .send(
+            TOPIC,
+            "customer-1",
+            &json!({"type": "order.created", "amount": 10}),
+        )
+        .await?;
+    client
+        .send(
+            TOPIC,
+            "customer-2",
+            &json!({"type": "order.created", "amount": 25}),
+        )
+        .await?;
+    client
+        .send(
+            TOPIC,
+            "customer-1",
+            &json!({"type": "order.paid", "amount": 10}),
+        )
+        .await?;
+    client.excise(TOPIC, "customer-2").await?;
+
+    for _ in 0..4 {
+        tokio::time::timeout(Duration::from_secs(30), events.recv())
+            .await?
+            .ok_or("handler stopped")?;
     }
+    client.shutdown().await?;
+    println!("done: 4 events handled, client shut down");
     Ok(())
 }

@@ -1,6 +1,12 @@
 //! Smoke test of the real Cassandra node through the scylla driver: keyspace, table, rows
 //! written and read back, and a TTL that expires.
 
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    reason = "test code states its expectations"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -19,7 +25,10 @@ async fn session() -> Session {
 
 async fn count_rows(session: &Session, keyspace: &str, id: i32) -> usize {
     session
-        .query_unpaged(format!("SELECT id FROM {keyspace}.items WHERE id = ?"), (id,))
+        .query_unpaged(
+            format!("SELECT id FROM {keyspace}.items WHERE id = ?"),
+            (id,),
+        )
         .await
         .expect("select")
         .into_rows_result()
@@ -42,12 +51,17 @@ async fn keyspace_table_rows_and_ttl() {
         .await
         .expect("create keyspace");
     session
-        .query_unpaged(format!("CREATE TABLE {keyspace}.items (id int PRIMARY KEY, body text)"), &[])
+        .query_unpaged(
+            format!("CREATE TABLE {keyspace}.items (id int PRIMARY KEY, body text)"),
+            &[],
+        )
         .await
         .expect("create table");
 
     let insert = session
-        .prepare(format!("INSERT INTO {keyspace}.items (id, body) VALUES (?, ?)"))
+        .prepare(format!(
+            "INSERT INTO {keyspace}.items (id, body) VALUES (?, ?)"
+        ))
         .await
         .expect("prepare insert");
     for id in 0..100_i32 {
@@ -77,14 +91,25 @@ async fn keyspace_table_rows_and_ttl() {
         )
         .await
         .expect("insert with ttl");
-    assert_eq!(count_rows(&session, &keyspace, 1_000).await, 1, "visible before expiry");
+    assert_eq!(
+        count_rows(&session, &keyspace, 1_000).await,
+        1,
+        "visible before expiry"
+    );
     let written = Instant::now();
     // Expiry is a time-based event with no notification; poll with a bound well past the TTL.
     while count_rows(&session, &keyspace, 1_000).await > 0 {
-        assert!(written.elapsed() < Duration::from_secs(10), "TTL row still present after 10 s");
+        assert!(
+            written.elapsed() < Duration::from_secs(10),
+            "TTL row still present after 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(count_rows(&session, &keyspace, 0).await, 1, "rows without TTL remain");
+    assert_eq!(
+        count_rows(&session, &keyspace, 0).await,
+        1,
+        "rows without TTL remain"
+    );
 
     session
         .query_unpaged(format!("DROP KEYSPACE {keyspace}"), &[])

@@ -1,6 +1,12 @@
 //! Smoke test of the real Kafka broker: topics through the admin API, a thousand records
 //! produced, consumed in a group, committed, and resumed after a consumer restart.
 
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    reason = "test code states its expectations"
+)]
+
 mod common;
 
 use std::collections::BTreeSet;
@@ -59,7 +65,10 @@ async fn produce_consume_commit_and_resume_after_restart() {
         )
         .await
         .expect("create_topics request");
-    assert!(created.iter().all(Result::is_ok), "topic creation failed: {created:?}");
+    assert!(
+        created.iter().all(Result::is_ok),
+        "topic creation failed: {created:?}"
+    );
 
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", common::bootstrap_servers())
@@ -70,7 +79,10 @@ async fn produce_consume_commit_and_resume_after_restart() {
         let key = format!("key-{}", index % 17);
         let payload = format!(r#"{{"index":{index}}}"#);
         producer
-            .send(FutureRecord::to(&topic).key(&key).payload(&payload), Timeout::After(Duration::from_secs(10)))
+            .send(
+                FutureRecord::to(&topic).key(&key).payload(&payload),
+                Timeout::After(Duration::from_secs(10)),
+            )
             .await
             .map_err(|(error, _)| error)
             .expect("delivery");
@@ -81,13 +93,20 @@ async fn produce_consume_commit_and_resume_after_restart() {
     first.subscribe(&[&topic]).expect("subscribe");
     let batch = receive(&first, FIRST_BATCH).await;
     assert_eq!(
-        batch.iter().map(|(_, offset, _)| *offset).collect::<Vec<_>>(),
+        batch
+            .iter()
+            .map(|(_, offset, _)| *offset)
+            .collect::<Vec<_>>(),
         (0..i64::try_from(FIRST_BATCH).unwrap()).collect::<Vec<_>>(),
         "a single partition delivers offsets in order"
     );
     let mut position = rdkafka::TopicPartitionList::new();
     position
-        .add_partition_offset(&topic, 0, rdkafka::Offset::Offset(i64::try_from(FIRST_BATCH).unwrap()))
+        .add_partition_offset(
+            &topic,
+            0,
+            rdkafka::Offset::Offset(i64::try_from(FIRST_BATCH).unwrap()),
+        )
         .expect("offset");
     first.commit(&position, CommitMode::Sync).expect("commit");
     drop(first);
@@ -102,8 +121,15 @@ async fn produce_consume_commit_and_resume_after_restart() {
         Some(i64::try_from(FIRST_BATCH).unwrap()),
         "resumed at the committed offset, not before it"
     );
-    assert_eq!(offsets.len(), RECORDS - FIRST_BATCH, "no record twice, none missing");
-    assert_eq!(offsets.last().copied(), Some(i64::try_from(RECORDS).unwrap() - 1));
+    assert_eq!(
+        offsets.len(),
+        RECORDS - FIRST_BATCH,
+        "no record twice, none missing"
+    );
+    assert_eq!(
+        offsets.last().copied(),
+        Some(i64::try_from(RECORDS).unwrap() - 1)
+    );
 
     admin
         .delete_topics(&[&topic], &AdminOptions::new())

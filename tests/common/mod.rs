@@ -45,3 +45,5 @@ pub fn unique_name(prefix: &str) -> String {
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+pub mod harness;

@@ -1,1 +1,1 @@
-//! Embedded durable storage backend on RocksDB, and the local cache for keyed state.
+//! Embedded durable storage backend on `RocksDB`, and the local cache for keyed state.

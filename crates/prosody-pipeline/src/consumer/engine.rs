@@ -162,16 +162,18 @@ impl Engine {
             ) {
                 slot.health.work_pending();
             }
+            if offer == (Offer::Held { pause: true }) {
+                // Under the lock: a runner's resume must not overtake this pause, or the
+                // partition would stay paused in Kafka while the engine believes it runs.
+                debug!(%partition, "backlog full: pausing");
+                self.inner.flow.pause(partition);
+            }
             (offer, slot.work.generation())
         };
         match offer {
             Offer::StartRunner(key) => self.spawn_runner(partition.clone(), generation, key),
-            Offer::Held { pause: true } => {
-                debug!(%partition, "backlog full: pausing");
-                self.inner.flow.pause(partition);
-            }
             Offer::Duplicate => debug!(%partition, "redelivered record dropped"),
-            Offer::Queued | Offer::Held { pause: false } | Offer::Revoked => {}
+            Offer::Queued | Offer::Held { .. } | Offer::Revoked => {}
         }
     }
 
@@ -316,7 +318,6 @@ impl Engine {
             let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch(event, cancel))
                 .catch_unwind()
                 .await;
-            drop(permit);
             let done = match dispatched {
                 Ok(Outcome::Completed) => offset,
                 Ok(Outcome::Abandoned) => None,
@@ -326,6 +327,9 @@ impl Engine {
                 }
             };
             self.finish(&partition, generation, done);
+            // Released only after the finish is recorded, so the engine never counts more
+            // running events than there are permits.
+            drop(permit);
         }
     }
 
@@ -343,14 +347,15 @@ impl Engine {
             if slot.work.is_idle() {
                 slot.health.idle();
             }
+            if finished.resume {
+                // Under the lock, ordered with the pause in `offer`.
+                debug!(%partition, "backlog drained: resuming");
+                self.inner.flow.resume(partition);
+            }
             (finished, slot.drained.clone())
         };
         for key in finished.start {
             self.spawn_runner(partition.clone(), generation, key);
-        }
-        if finished.resume {
-            debug!(%partition, "backlog drained: resuming");
-            self.inner.flow.resume(partition);
         }
         if finished.drained {
             drained.notify_one();

@@ -1,0 +1,357 @@
+//! The high-level client: configuration in, a producer always, a consumer while subscribed.
+
+use std::sync::Arc;
+
+use prosody_api::EventHandler;
+use prosody_pipeline::consumer::poll_loop::{KafkaFlowControl, PollLoop, PollSettings};
+use prosody_pipeline::consumer::{Engine, EngineLimits, Load};
+use prosody_pipeline::dispatch::{HandlerDispatch, RetryPolicy};
+use prosody_pipeline::kafka::decode::DecodeLimits;
+use prosody_pipeline::kafka::mock::MockKafka;
+use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
+use prosody_pipeline::probes::{HealthRegistry, ProbeConfig, ProbeServer};
+use serde_json::Value;
+use tokio::runtime::Handle;
+use tokio::sync::{Mutex, OnceCell};
+use tracing::info;
+
+use crate::config::{ClientOptions, Config};
+use crate::error::ClientError;
+
+/// Partitions of each subscribed topic that mock mode creates in its in-process cluster.
+const MOCK_PARTITIONS: i32 = 4;
+
+/// Where the consumer is in its lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsumerState {
+    /// No topics are configured: the client can send but not subscribe.
+    Unconfigured,
+    /// Ready to subscribe.
+    Configured,
+    /// Subscribed and consuming.
+    Running,
+    /// Shut down: every operation fails.
+    ShutDown,
+}
+
+enum Lifecycle {
+    Idle,
+    Subscribed(Subscription),
+    ShutDown,
+}
+
+struct Subscription {
+    poll: PollLoop,
+    probes: Option<ProbeServer>,
+}
+
+struct Inner {
+    config: Config,
+    bootstrap_servers: String,
+    producer: Producer,
+    lifecycle: Mutex<Lifecycle>,
+    engine: parking_lot::Mutex<Option<Engine>>,
+    health: HealthRegistry,
+    shutdown: OnceCell<()>,
+    // Declared last so it is dropped after every client using it.
+    _mock: Option<MockKafka>,
+}
+
+/// A Prosody client: sends messages, and consumes them through an [`EventHandler`] while
+/// subscribed. Cheap to clone; clones share one client.
+#[derive(Clone)]
+pub struct ProsodyClient {
+    inner: Arc<Inner>,
+}
+
+impl ProsodyClient {
+    /// Resolves `options` (with environment fallback) and creates a client.
+    ///
+    /// # Errors
+    /// A [`ClientError::Config`] naming the first invalid option, or a Kafka error.
+    pub async fn from_options(options: ClientOptions) -> Result<Self, ClientError> {
+        Self::new(Config::from_options(options)?).await
+    }
+
+    /// Creates a client from a resolved configuration. In mock mode with no bootstrap servers
+    /// it starts librdkafka's in-process mock cluster.
+    ///
+    /// # Errors
+    /// When the producer cannot be created or the mock cluster cannot start.
+    #[allow(
+        clippy::unused_async,
+        reason = "the public contract is async: storage backends connect here"
+    )]
+    pub async fn new(config: Config) -> Result<Self, ClientError> {
+        let mock = if config.kafka.mock && config.kafka.bootstrap_servers.is_empty() {
+            let mock = MockKafka::start(1).map_err(ClientError::kafka)?;
+            // The in-process cluster starts empty and has no admin API: create the topics the
+            // client subscribes to, so mock mode needs no setup (sending auto-creates others).
+            for topic in &config.consumer.subscribed_topics {
+                if !topic.starts_with('^') {
+                    mock.create_topic(topic, MOCK_PARTITIONS)
+                        .map_err(ClientError::kafka)?;
+                }
+            }
+            Some(mock)
+        } else {
+            None
+        };
+        let bootstrap_servers = mock.as_ref().map_or_else(
+            || config.kafka.bootstrap_servers.join(","),
+            |mock| mock.bootstrap_servers().to_owned(),
+        );
+        let producer = Producer::new(&ProducerConfig {
+            send_timeout: config.kafka.send_timeout,
+            ..ProducerConfig::new(
+                bootstrap_servers.clone(),
+                config.kafka.source_system.clone(),
+            )
+        })?;
+        info!(
+            bootstrap_servers,
+            group_id = config.kafka.group_id,
+            "prosody client created"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                bootstrap_servers,
+                producer,
+                lifecycle: Mutex::new(Lifecycle::Idle),
+                engine: parking_lot::Mutex::new(None),
+                health: HealthRegistry::new(),
+                shutdown: OnceCell::new(),
+                _mock: mock,
+            }),
+        })
+    }
+
+    /// The resolved configuration.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The bootstrap servers in use (the mock cluster's in mock mode).
+    #[must_use]
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.inner.bootstrap_servers
+    }
+
+    /// The `source-system` header value stamped on every sent message.
+    #[must_use]
+    pub fn source_system(&self) -> &str {
+        &self.inner.config.kafka.source_system
+    }
+
+    /// Sends a JSON payload to `topic` under `key`.
+    ///
+    /// # Errors
+    /// [`ClientError::ShutDown`] after shutdown, or the producer's error (timeout, unknown
+    /// topic, ...).
+    pub async fn send(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: &Value,
+    ) -> Result<Delivery, ClientError> {
+        self.send_with(topic, key, payload, SendOptions::default())
+            .await
+    }
+
+    /// [`send`](Self::send) with options (cancellation, trace context).
+    ///
+    /// # Errors
+    /// As for [`send`](Self::send); [`ClientError::Producer`] with a cancellation when the
+    /// options' token fires first.
+    pub async fn send_with(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: &Value,
+        options: SendOptions,
+    ) -> Result<Delivery, ClientError> {
+        self.ensure_open()?;
+        Ok(self
+            .inner
+            .producer
+            .send_with(topic, key, payload, options)
+            .await?)
+    }
+
+    /// Sends an excise record (the key with a null value) to `topic`: consumers route it to
+    /// `on_excise`, which deletes every copy of the key's data.
+    ///
+    /// # Errors
+    /// As for [`send`](Self::send).
+    pub async fn excise(&self, topic: &str, key: &str) -> Result<Delivery, ClientError> {
+        self.ensure_open()?;
+        Ok(self.inner.producer.excise(topic, key).await?)
+    }
+
+    /// Starts consuming the configured topics with `handler`.
+    ///
+    /// # Errors
+    /// [`ClientError::AlreadySubscribed`], [`ClientError::NoTopics`], [`ClientError::ShutDown`],
+    /// or a Kafka error from creating the consumer.
+    pub async fn subscribe<H: EventHandler>(&self, handler: H) -> Result<(), ClientError> {
+        let mut lifecycle = self.inner.lifecycle.lock().await;
+        match *lifecycle {
+            Lifecycle::ShutDown => return Err(ClientError::ShutDown),
+            Lifecycle::Subscribed(_) => return Err(ClientError::AlreadySubscribed),
+            Lifecycle::Idle => {}
+        }
+        let config = &self.inner.config;
+        if config.consumer.subscribed_topics.is_empty() {
+            return Err(ClientError::NoTopics);
+        }
+        let dispatch = Arc::new(HandlerDispatch::new(
+            Arc::new(handler),
+            RetryPolicy {
+                base: config.failure.retry.base,
+                max_delay: config.failure.retry.max_delay,
+            },
+        ));
+        let flow = Arc::new(KafkaFlowControl::default());
+        let engine = Engine::new(
+            EngineLimits {
+                max_concurrency: config.consumer.max_concurrency.get(),
+                max_uncommitted: config.consumer.max_uncommitted.get(),
+                shutdown_timeout: config.consumer.shutdown_timeout,
+            },
+            dispatch,
+            flow.clone(),
+            self.inner.health.clone(),
+            Handle::current(),
+        );
+        let settings = PollSettings {
+            bootstrap_servers: self.inner.bootstrap_servers.clone(),
+            group_id: config.kafka.group_id.clone(),
+            topics: config.consumer.subscribed_topics.clone(),
+            commit_interval: config.consumer.commit_interval,
+            poll_interval: config.consumer.poll_interval,
+            decode: DecodeLimits::default(),
+            overrides: Vec::new(),
+        };
+        let probes = ProbeServer::start(
+            &ProbeConfig {
+                port: config.probes.port,
+                stall_threshold: config.consumer.stall_threshold,
+                ..ProbeConfig::default()
+            },
+            self.inner.health.clone(),
+        )
+        .await
+        .map_err(|error| ClientError::Probes(error.to_string()))?;
+        let poll = match PollLoop::start(&settings, engine.clone(), &flow, Handle::current()) {
+            Ok(poll) => poll,
+            Err(error) => {
+                if let Some(probes) = probes {
+                    probes.stop().await;
+                }
+                return Err(ClientError::kafka(error));
+            }
+        };
+        *self.inner.engine.lock() = Some(engine);
+        *lifecycle = Lifecycle::Subscribed(Subscription { poll, probes });
+        info!(topics = ?config.consumer.subscribed_topics, "subscribed");
+        Ok(())
+    }
+
+    /// Stops consuming: running handlers finish (or are cancelled near the shutdown timeout),
+    /// offsets are committed, and the group is left. The client can subscribe again.
+    ///
+    /// # Errors
+    /// [`ClientError::NotSubscribed`] or [`ClientError::ShutDown`].
+    pub async fn unsubscribe(&self) -> Result<(), ClientError> {
+        let mut lifecycle = self.inner.lifecycle.lock().await;
+        match std::mem::replace(&mut *lifecycle, Lifecycle::Idle) {
+            Lifecycle::Subscribed(subscription) => {
+                self.stop(subscription).await;
+                Ok(())
+            }
+            Lifecycle::Idle => Err(ClientError::NotSubscribed),
+            Lifecycle::ShutDown => {
+                *lifecycle = Lifecycle::ShutDown;
+                Err(ClientError::ShutDown)
+            }
+        }
+    }
+
+    /// Shuts the client down: unsubscribes if subscribed and flushes the producer. Idempotent;
+    /// concurrent calls wait for the one shutdown. Every later operation fails with
+    /// [`ClientError::ShutDown`].
+    ///
+    /// # Errors
+    /// None today; the signature leaves room for failures of later shutdown steps.
+    pub async fn shutdown(&self) -> Result<(), ClientError> {
+        self.inner
+            .shutdown
+            .get_or_init(|| async {
+                let mut lifecycle = self.inner.lifecycle.lock().await;
+                if let Lifecycle::Subscribed(subscription) =
+                    std::mem::replace(&mut *lifecycle, Lifecycle::ShutDown)
+                {
+                    self.stop(subscription).await;
+                }
+                info!("prosody client shut down");
+            })
+            .await;
+        Ok(())
+    }
+
+    /// Where the consumer is in its lifecycle.
+    #[must_use]
+    pub fn consumer_state(&self) -> ConsumerState {
+        if self.inner.shutdown.initialized() {
+            ConsumerState::ShutDown
+        } else if self.inner.engine.lock().is_some() {
+            ConsumerState::Running
+        } else if self.inner.config.consumer.subscribed_topics.is_empty() {
+            ConsumerState::Unconfigured
+        } else {
+            ConsumerState::Configured
+        }
+    }
+
+    /// Partitions currently assigned to this client (0 when not subscribed).
+    #[must_use]
+    pub fn assigned_partition_count(&self) -> usize {
+        self.inner.health.assigned_partition_count()
+    }
+
+    /// True when a partition with work made no progress for the stall threshold (what
+    /// `/livez` reports).
+    #[must_use]
+    pub fn is_stalled(&self) -> bool {
+        let health = &self.inner.health;
+        health.is_stalled(self.inner.config.consumer.stall_threshold, health.now())
+    }
+
+    /// The consumer's load right now (queued, running, held, paused partitions); `None` when
+    /// not subscribed. For metrics and tests of backpressure.
+    #[must_use]
+    pub fn load(&self) -> Option<Load> {
+        self.inner.engine.lock().as_ref().map(Engine::load)
+    }
+
+    async fn stop(&self, subscription: Subscription) {
+        let Subscription { poll, probes } = subscription;
+        poll.stop().await;
+        if let Some(probes) = probes {
+            probes.stop().await;
+        }
+        *self.inner.engine.lock() = None;
+        self.inner.health.clear();
+        info!("unsubscribed");
+    }
+
+    fn ensure_open(&self) -> Result<(), ClientError> {
+        if self.inner.shutdown.initialized() {
+            Err(ClientError::ShutDown)
+        } else {
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! A recording handler and client helpers for the consumer suites.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use prosody::api::{EventContext, EventHandler, ExciseMessage, HandlerError, Message, Timer};
+use prosody::config::{ClientOptions, ProbePort};
+use prosody::{AdminClient, ProsodyClient};
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, watch};
+
+/// One handled event, as the recording handler saw it.
+#[derive(Clone, Debug)]
+pub struct Handled {
+    /// Which client handled it.
+    pub client: String,
+    /// Record key.
+    pub key: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// The payload's `seq` (produce order within the key), if any.
+    pub seq: Option<u64>,
+    /// True for an excise record.
+    pub excise: bool,
+    /// When the handler started and finished.
+    pub started: Instant,
+    /// See `started`.
+    pub finished: Instant,
+}
+
+/// How the recording handler behaves.
+#[derive(Clone, Default)]
+pub struct Behaviour {
+    /// Sleep a pseudo-random 0..=max ms per event.
+    pub max_sleep_ms: u64,
+    /// Wait for a permit of this semaphore before finishing.
+    pub gate: Option<Arc<Semaphore>>,
+}
+
+/// Shared record of everything handled, with a counter tests can await.
+pub struct Recorder {
+    handled: Mutex<Vec<Handled>>,
+    running: AtomicUsize,
+    peak: AtomicUsize,
+    count: watch::Sender<usize>,
+}
+
+impl Recorder {
+    /// An empty recorder.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            handled: Mutex::new(Vec::new()),
+            running: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            count: watch::channel(0).0,
+        })
+    }
+
+    /// A handler for `client` recording here.
+    pub fn handler(self: &Arc<Self>, client: &str, behaviour: Behaviour) -> RecordingHandler {
+        RecordingHandler {
+            client: client.to_owned(),
+            recorder: self.clone(),
+            behaviour,
+        }
+    }
+
+    /// Waits until at least `count` events were handled (at most `within`).
+    pub async fn wait_for(&self, count: usize, within: Duration) {
+        let mut updates = self.count.subscribe();
+        let reached =
+            tokio::time::timeout(within, updates.wait_for(|handled| *handled >= count)).await;
+        assert!(
+            reached.is_ok(),
+            "only {} of {count} events handled within {within:?}",
+            self.len()
+        );
+    }
+
+    /// Events handled so far.
+    pub fn len(&self) -> usize {
+        self.handled.lock().len()
+    }
+
+    /// Everything handled so far.
+    pub fn handled(&self) -> Vec<Handled> {
+        self.handled.lock().clone()
+    }
+
+    /// Handlers running right now.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
+    }
+
+    /// The most handlers ever running at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+
+    /// Handled events grouped by key, in handling order.
+    pub fn by_key(&self) -> HashMap<String, Vec<Handled>> {
+        let mut keys: HashMap<String, Vec<Handled>> = HashMap::new();
+        for handled in self.handled.lock().iter() {
+            keys.entry(handled.key.clone())
+                .or_default()
+                .push(handled.clone());
+        }
+        keys
+    }
+
+    async fn record(&self, client: &str, behaviour: &Behaviour, mut handled: Handled) {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        if behaviour.max_sleep_ms > 0 {
+            // Deterministic spread from the offset: no RNG needed to vary handler time.
+            let millis = u64::try_from(handled.offset)
+                .unwrap_or(0)
+                .wrapping_mul(2_654_435_761)
+                % (behaviour.max_sleep_ms + 1);
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+        }
+        if let Some(gate) = &behaviour.gate {
+            gate.acquire().await.expect("gate open").forget();
+        }
+        handled.client = client.to_owned();
+        handled.finished = Instant::now();
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        let count = {
+            let mut all = self.handled.lock();
+            all.push(handled);
+            all.len()
+        };
+        self.count.send_replace(count);
+    }
+}
+
+/// The handler of a [`Recorder`].
+pub struct RecordingHandler {
+    client: String,
+    recorder: Arc<Recorder>,
+    behaviour: Behaviour,
+}
+
+#[async_trait]
+impl EventHandler for RecordingHandler {
+    type Error = HandlerError;
+
+    async fn on_message(
+        &self,
+        _: &dyn EventContext,
+        message: &Message,
+    ) -> Result<Value, HandlerError> {
+        let handled = Handled {
+            client: String::new(),
+            key: message.key.to_string(),
+            partition: message.partition.0,
+            offset: message.offset.0,
+            seq: message.payload.get("seq").and_then(Value::as_u64),
+            excise: false,
+            started: Instant::now(),
+            finished: Instant::now(),
+        };
+        self.recorder
+            .record(&self.client, &self.behaviour, handled)
+            .await;
+        Ok(Value::Null)
+    }
+
+    async fn on_excise(
+        &self,
+        _: &dyn EventContext,
+        message: &ExciseMessage,
+    ) -> Result<Value, HandlerError> {
+        let handled = Handled {
+            client: String::new(),
+            key: message.key.to_string(),
+            partition: message.partition.0,
+            offset: message.offset.0,
+            seq: None,
+            excise: true,
+            started: Instant::now(),
+            finished: Instant::now(),
+        };
+        self.recorder
+            .record(&self.client, &self.behaviour, handled)
+            .await;
+        Ok(Value::Null)
+    }
+
+    async fn on_timer(&self, _: &dyn EventContext, _: &Timer) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// Options of a client on the real broker with the in-memory backend, fast commits, no probes.
+pub fn options(topic: &str, group: &str) -> ClientOptions {
+    ClientOptions {
+        bootstrap_servers: Some(vec![super::bootstrap_servers()]),
+        group_id: Some(group.to_owned()),
+        subscribed_topics: Some(vec![topic.to_owned()]),
+        mock: Some(true),
+        probe_port: Some(ProbePort::Disabled),
+        commit_interval_ms: Some(Duration::from_millis(100)),
+        shutdown_timeout_ms: Some(Duration::from_secs(10)),
+        ..ClientOptions::default()
+    }
+}
+
+/// Creates a topic on the real broker.
+pub async fn create_topic(topic: &str, partitions: i32) {
+    AdminClient::new(&super::bootstrap_servers())
+        .expect("admin client")
+        .create_topic(topic, partitions, 1)
+        .await
+        .expect("create topic");
+}
+
+/// Sends `count` records over `keys` keys, each payload carrying its per-key `seq`, keeping
+/// many sends in flight while preserving per-key produce order.
+pub async fn produce(client: &ProsodyClient, topic: &str, count: usize, keys: usize) {
+    use futures::StreamExt;
+    let sends = futures::stream::iter(0..count)
+        .map(|index| {
+            let key = format!("key-{}", index % keys);
+            let payload = json!({ "seq": index / keys, "type": "test.event" });
+            async move { client.send(topic, &key, &payload).await }
+        })
+        .buffered(512);
+    let results: Vec<_> = sends.collect().await;
+    assert!(results.iter().all(Result::is_ok), "every send succeeds");
+}

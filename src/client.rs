@@ -1,5 +1,6 @@
 //! The high-level client: configuration in, a producer always, a consumer while subscribed.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use prosody_api::EventHandler;
@@ -52,6 +53,7 @@ struct Inner {
     lifecycle: Mutex<Lifecycle>,
     engine: parking_lot::Mutex<Option<Engine>>,
     health: HealthRegistry,
+    probe_address: parking_lot::Mutex<Option<SocketAddr>>,
     shutdown: OnceCell<()>,
     // Declared last so it is dropped after every client using it.
     _mock: Option<MockKafka>,
@@ -121,6 +123,7 @@ impl ProsodyClient {
                 lifecycle: Mutex::new(Lifecycle::Idle),
                 engine: parking_lot::Mutex::new(None),
                 health: HealthRegistry::new(),
+                probe_address: parking_lot::Mutex::new(None),
                 shutdown: OnceCell::new(),
                 _mock: mock,
             }),
@@ -253,6 +256,7 @@ impl ProsodyClient {
                 return Err(ClientError::kafka(error));
             }
         };
+        *self.inner.probe_address.lock() = probes.as_ref().map(ProbeServer::local_addr);
         *self.inner.engine.lock() = Some(engine);
         *lifecycle = Lifecycle::Subscribed(Subscription { poll, probes });
         info!(topics = ?config.consumer.subscribed_topics, "subscribed");
@@ -329,6 +333,13 @@ impl ProsodyClient {
         health.is_stalled(self.inner.config.consumer.stall_threshold, health.now())
     }
 
+    /// The address the probe server listens on while subscribed (`None` when disabled or not
+    /// subscribed); with `probePort: 0` this tells which port was picked.
+    #[must_use]
+    pub fn probe_address(&self) -> Option<SocketAddr> {
+        *self.inner.probe_address.lock()
+    }
+
     /// The consumer's load right now (queued, running, held, paused partitions); `None` when
     /// not subscribed. For metrics and tests of backpressure.
     #[must_use]
@@ -343,6 +354,7 @@ impl ProsodyClient {
             probes.stop().await;
         }
         *self.inner.engine.lock() = None;
+        *self.inner.probe_address.lock() = None;
         self.inner.health.clear();
         info!("unsubscribed");
     }

@@ -207,6 +207,9 @@ pub fn options(topic: &str, group: &str) -> ClientOptions {
         mock: Some(true),
         probe_port: Some(ProbePort::Disabled),
         commit_interval_ms: Some(Duration::from_millis(100)),
+        // The product default (1 s) is tight for the first sends of a fresh producer on a
+        // loaded two-core CI machine; tests are about consuming, not send latency.
+        send_timeout_ms: Some(Duration::from_secs(30)),
         shutdown_timeout_ms: Some(Duration::from_secs(10)),
         ..ClientOptions::default()
     }
@@ -233,5 +236,14 @@ pub async fn produce(client: &ProsodyClient, topic: &str, count: usize, keys: us
         })
         .buffered(512);
     let results: Vec<_> = sends.collect().await;
-    assert!(results.iter().all(Result::is_ok), "every send succeeds");
+    let failures: Vec<_> = results
+        .iter()
+        .filter_map(|result| result.as_ref().err())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "every send succeeds: {} failed, first: {:?}",
+        failures.len(),
+        failures.first()
+    );
 }

@@ -5,8 +5,7 @@
 //!
 //! - `baseline`: a bare librdkafka consumer that only reads and commits, the ceiling any
 //!   framework on top of librdkafka is measured against;
-//! - the subject under test: the Prosody client with a no-op handler (see [`StreamJsonSubject`]
-//!   for the placeholder that stands in for it until the client exists).
+//! - `client`: the Prosody client in pipeline mode with a no-op handler ([`ClientSubject`]).
 //!
 //! Rates are measured from the first record received to the last, so group join and rebalance
 //! time is left out. Results are plain `name: value` lines meant to be pasted into notes.
@@ -19,18 +18,26 @@ use std::env;
 use std::error::Error;
 use std::fmt::Write as _;
 use std::process::ExitCode;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use async_trait::async_trait;
+use prosody::api::{
+    EventContext, EventHandler, ExciseMessage, HandlerError, Message as ProsodyMessage, Timer,
+};
+use prosody::config::ProbePort;
+use prosody::{ClientOptions, ProsodyClient};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use serde_json::Value;
+use tokio::sync::Notify;
 
 type BenchResult<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
@@ -179,23 +186,57 @@ impl ThroughputSubject for BareConsumer {
     }
 }
 
-// -------------------------------------------------------------------------------------------
-// LEAD: this is where the Prosody client plugs in. Replace `StreamJsonSubject` in `main` by a
-// `ClientSubject` named "client" whose `consume_all` creates the client (pipeline mode, the
-// given bootstrap/group/topic, probes disabled), subscribes a no-op handler that counts records
-// and notes the instants of the first and last one (an `AtomicUsize` plus a `Notify` fired at
-// `expected`), awaits that notification (bounded by `NO_PROGRESS_TIMEOUT`), unsubscribes so the
-// final commit happens, and returns last - first. Until then, this async `StreamConsumer` that
-// decodes every payload as JSON stands in, so the report already has two figures.
-// -------------------------------------------------------------------------------------------
+/// The Prosody client in pipeline mode with a no-op handler: everything a record goes through
+/// in production (decode, key queues, offsets, commits) except the application's own work.
+struct ClientSubject;
 
-/// Placeholder for the Prosody client: rdkafka's async `StreamConsumer` plus a JSON decode of
-/// every payload, committing like [`BareConsumer`].
-struct StreamJsonSubject;
+/// Handled records and the first and last instant.
+struct Counts {
+    expected: usize,
+    count: AtomicUsize,
+    first: parking_lot::Mutex<Option<Instant>>,
+    last: parking_lot::Mutex<Option<Instant>>,
+    done: Notify,
+}
 
-impl ThroughputSubject for StreamJsonSubject {
+/// A no-op handler that only counts into [`Counts`].
+struct CountingHandler(Arc<Counts>);
+
+#[async_trait]
+impl EventHandler for CountingHandler {
+    type Error = HandlerError;
+
+    async fn on_message(
+        &self,
+        _: &dyn EventContext,
+        _: &ProsodyMessage,
+    ) -> Result<Value, HandlerError> {
+        let counts = &self.0;
+        let now = Instant::now();
+        counts.first.lock().get_or_insert(now);
+        if counts.count.fetch_add(1, Ordering::AcqRel) + 1 == counts.expected {
+            *counts.last.lock() = Some(now);
+            counts.done.notify_one();
+        }
+        Ok(Value::Null)
+    }
+
+    async fn on_excise(
+        &self,
+        _: &dyn EventContext,
+        _: &ExciseMessage,
+    ) -> Result<Value, HandlerError> {
+        Ok(Value::Null)
+    }
+
+    async fn on_timer(&self, _: &dyn EventContext, _: &Timer) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+impl ThroughputSubject for ClientSubject {
     fn name(&self) -> &'static str {
-        "stream_json"
+        "client"
     }
 
     async fn consume_all(
@@ -205,26 +246,40 @@ impl ThroughputSubject for StreamJsonSubject {
         group: &str,
         expected: usize,
     ) -> BenchResult<Duration> {
-        let consumer: StreamConsumer = consumer_config(bootstrap, group).create()?;
-        consumer.subscribe(&[topic])?;
-        let mut progress = Progress::new(expected);
-        let mut offsets = Offsets::default();
-        while !progress.done() {
-            let message = match tokio::time::timeout(NO_PROGRESS_TIMEOUT, consumer.recv()).await {
-                Ok(message) => message?,
-                Err(_) => return Err(progress.stuck_error()),
-            };
-            let payload = message.payload().unwrap_or_default();
-            let decoded: serde_json::Value = serde_json::from_slice(payload)?;
-            std::hint::black_box(decoded);
-            offsets.seen(message.partition(), message.offset());
-            progress.record();
-            if offsets.commit_due() {
-                consumer.commit(&offsets.list(topic)?, CommitMode::Async)?;
+        let client = ProsodyClient::from_options(ClientOptions {
+            bootstrap_servers: Some(vec![bootstrap.to_owned()]),
+            group_id: Some(group.to_owned()),
+            subscribed_topics: Some(vec![topic.to_owned()]),
+            mock: Some(true),
+            probe_port: Some(ProbePort::Disabled),
+            ..ClientOptions::default()
+        })
+        .await?;
+        let handler = Arc::new(Counts {
+            expected,
+            count: AtomicUsize::new(0),
+            first: parking_lot::Mutex::new(None),
+            last: parking_lot::Mutex::new(None),
+            done: Notify::new(),
+        });
+        client.subscribe(CountingHandler(handler.clone())).await?;
+        loop {
+            let before = handler.count.load(Ordering::Acquire);
+            if before >= expected {
+                break;
+            }
+            if tokio::time::timeout(NO_PROGRESS_TIMEOUT, handler.done.notified())
+                .await
+                .is_err()
+                && handler.count.load(Ordering::Acquire) == before
+            {
+                return Err(format!("client stuck at {before} of {expected} records").into());
             }
         }
-        consumer.commit(&offsets.list(topic)?, CommitMode::Sync)?;
-        Ok(progress.elapsed())
+        client.shutdown().await?;
+        let first = handler.first.lock().ok_or("no first record")?;
+        let last = handler.last.lock().ok_or("no last record")?;
+        Ok(last - first)
     }
 }
 
@@ -590,7 +645,7 @@ async fn measure_all(
     memory.after("produce");
 
     let baseline = BareConsumer;
-    let subject = StreamJsonSubject;
+    let subject = ClientSubject;
     let run_baseline = options
         .only
         .as_deref()

@@ -4,8 +4,8 @@
 //! the common case).
 
 use async_trait::async_trait;
-use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
 use prosody_api::StorageError;
+use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
 use rocksdb::WriteBatch;
 
 use crate::error::{backend, corrupt};
@@ -27,7 +27,11 @@ impl DedupStore for RocksStore {
         self.write(OPERATION, move |inner| {
             let expiry = ttl::expiry(Some(ttl), inner.clock.now());
             let mut batch = WriteBatch::default();
-            batch.put_cf(inner.family(OPERATION, DEDUP)?, key, ttl::encode(expiry, &[]));
+            batch.put_cf(
+                inner.family(OPERATION, DEDUP)?,
+                key,
+                ttl::encode(expiry, &[]),
+            );
             inner.commit(OPERATION, batch)
         })
         .await

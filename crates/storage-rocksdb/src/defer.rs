@@ -70,6 +70,9 @@ impl RocksStore {
     }
 }
 
+// The closures passed to `deferred` cannot be method paths: a path names one reader lifetime,
+// and `deferred` needs a decoder for any.
+#[allow(clippy::redundant_closure_for_method_calls)]
 #[async_trait]
 impl DeferStore for RocksStore {
     async fn defer_message(

@@ -4,9 +4,7 @@
 //! expire run the expiry compaction filter) and keep a scan of one concern from stepping over
 //! another's data. All of them share one block cache, so read memory has one bound.
 
-use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options,
-};
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options};
 
 use crate::options::RocksOptions;
 use crate::ttl;
@@ -74,4 +72,73 @@ fn family_options(name: &str, options: &RocksOptions, cache: &Cache) -> Options 
         );
     }
     family
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use prosody_api::ManualClock;
+    use prosody_api::storage::{StateOp, StateScope, StateStore, StateWrite, Ttl};
+    use serde_json::json;
+
+    use super::*;
+    use crate::keys::Cell;
+    use crate::{RocksOptions, RocksStore};
+
+    /// Compaction removes an entry only once it has been expired for the grace on the store's
+    /// clock; until then it stays on disk (though reads already hide it).
+    #[tokio::test]
+    async fn compaction_drops_expired_state_only_after_the_grace() {
+        let clock = ManualClock::new();
+        let grace = Duration::from_secs(60);
+        let store = RocksStore::open_temporary(
+            &RocksOptions::new()
+                .with_clock(clock.clone())
+                .with_sync_writes(false)
+                .with_expiry_grace(grace),
+        )
+        .unwrap();
+        let scope = StateScope::group("g", "c");
+        let put = |key: &str, ttl| {
+            StateWrite::new(
+                scope.clone(),
+                key,
+                StateOp::PutValue {
+                    value: json!(key),
+                    ttl,
+                },
+            )
+        };
+        store
+            .apply(&[put("short", Ttl::from_secs(10)), put("forever", None)])
+            .await
+            .unwrap();
+        let stored = |key: &str| {
+            let db = &store.inner.db;
+            let family = db.cf_handle(STATE).unwrap();
+            db.get_cf(family, Cell::new(&scope, &key.into()).value())
+                .unwrap()
+                .is_some()
+        };
+        let compact = || {
+            let db = &store.inner.db;
+            let family = db.cf_handle(STATE).unwrap();
+            db.flush_cf(family).unwrap();
+            db.compact_range_cf(family, None::<&[u8]>, None::<&[u8]>);
+        };
+
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(
+            store.get_value(&scope, &"short".into()).await.unwrap(),
+            None
+        );
+        compact();
+        assert!(stored("short"), "expired less than the grace ago: kept");
+
+        clock.advance(grace);
+        compact();
+        assert!(!stored("short"), "expired for the grace: removed");
+        assert!(stored("forever"));
+    }
 }

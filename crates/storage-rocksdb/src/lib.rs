@@ -30,6 +30,14 @@
 //! see [`RocksOptions::with_sync_writes`] for why, and for what an unsynced write survives
 //! (a process crash, including `SIGKILL`) and what it does not (power loss).
 //!
+//! # Threads
+//!
+//! `RocksDB` calls block. Reads run on the calling task: a hot read takes microseconds, less
+//! than a hand-off to a thread pool would add. Synced writes wait for an `fsync`, so they run on
+//! Tokio's blocking pool and never stall an async worker; unsynced writes run inline.
+//! Read-check-write operations (a batch with a keyset limit or deque bounds, clearing a key's
+//! timers) hold a lock stripe per cell or timer key from their read to their commit.
+//!
 //! # Expiry
 //!
 //! Values that can expire (dedup records, keyed state) start with their expiry instant on the

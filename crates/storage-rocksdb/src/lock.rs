@@ -88,7 +88,11 @@ mod tests {
     fn a_second_lock_names_the_holder_and_the_first_release_frees_the_directory() {
         let dir = tempfile::tempdir().unwrap();
         let first = DirLock::acquire(dir.path()).unwrap();
-        let Err(OpenError::Locked { dir: locked, holder }) = DirLock::acquire(dir.path()) else {
+        let Err(OpenError::Locked {
+            dir: locked,
+            holder,
+        }) = DirLock::acquire(dir.path())
+        else {
             panic!("the second lock must fail");
         };
         assert_eq!(locked, dir.path());

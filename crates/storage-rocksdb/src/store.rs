@@ -136,7 +136,11 @@ impl RocksStore {
     /// Runs a write. Synced writes wait for an `fsync`, so they run on Tokio's blocking pool
     /// (when there is a runtime) rather than stalling an async worker; unsynced writes only
     /// touch memory and the page cache, so handing them off would cost more than it saves.
-    pub(crate) async fn write<T, F>(&self, operation: &'static str, write: F) -> Result<T, StorageError>
+    pub(crate) async fn write<T, F>(
+        &self,
+        operation: &'static str,
+        write: F,
+    ) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&Inner) -> Result<T, StorageError> + Send + 'static,
@@ -181,7 +185,11 @@ impl Inner {
     }
 
     /// Commits a batch atomically with the configured durability.
-    pub(crate) fn commit(&self, operation: &'static str, batch: WriteBatch) -> Result<(), StorageError> {
+    pub(crate) fn commit(
+        &self,
+        operation: &'static str,
+        batch: WriteBatch,
+    ) -> Result<(), StorageError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -197,7 +205,10 @@ impl Inner {
 
     /// Locks the stripes of the given identities (in a fixed order, so two callers never wait
     /// on each other crosswise) for a read-check-write.
-    pub(crate) fn lock<'a>(&self, ids: impl IntoIterator<Item = &'a [u8]>) -> Vec<MutexGuard<'_, ()>> {
+    pub(crate) fn lock<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Vec<MutexGuard<'_, ()>> {
         self.stripes.lock(ids)
     }
 
@@ -214,25 +225,24 @@ impl Inner {
             });
         };
         let requested = self.slab_size.as_secs();
-        match self.db.get_cf(meta, SLAB_SIZE_KEY).map_err(rocks)? {
-            Some(stored) => {
-                let stored = <[u8; 4]>::try_from(stored.as_slice())
-                    .map(u32::from_be_bytes)
-                    .unwrap_or(0);
-                if stored == requested {
-                    Ok(())
-                } else {
-                    Err(OpenError::slab_mismatch(self.dir.clone(), stored, self.slab_size))
-                }
-            }
-            None => {
-                let mut sync = WriteOptions::default();
-                sync.set_sync(true);
-                let mut batch = WriteBatch::default();
-                batch.put_cf(meta, SLAB_SIZE_KEY, requested.to_be_bytes());
-                self.db.write_opt(batch, &sync).map_err(rocks)
-            }
+        if let Some(stored) = self.db.get_cf(meta, SLAB_SIZE_KEY).map_err(rocks)? {
+            let stored = <[u8; 4]>::try_from(stored.as_slice()).map_or(0, u32::from_be_bytes);
+            return if stored == requested {
+                Ok(())
+            } else {
+                Err(OpenError::slab_mismatch(
+                    self.dir.clone(),
+                    stored,
+                    self.slab_size,
+                ))
+            };
         }
+        // A new directory: record the layout before any timer is written with it.
+        let mut sync = WriteOptions::default();
+        sync.set_sync(true);
+        let mut batch = WriteBatch::default();
+        batch.put_cf(meta, SLAB_SIZE_KEY, requested.to_be_bytes());
+        self.db.write_opt(batch, &sync).map_err(rocks)
     }
 }
 
@@ -252,7 +262,10 @@ pub(crate) fn prefix(prefix: &[u8]) -> ReadOptions {
 }
 
 /// Fails with the iterator's error, if it stopped on one rather than at the end of its range.
-pub(crate) fn finished(operation: &'static str, iterator: &DBRawIterator<'_>) -> Result<(), StorageError> {
+pub(crate) fn finished(
+    operation: &'static str,
+    iterator: &DBRawIterator<'_>,
+) -> Result<(), StorageError> {
     iterator.status().map_err(|error| backend(operation, error))
 }
 
@@ -276,6 +289,9 @@ impl Stripes {
             .collect();
         indexes.sort_unstable();
         indexes.dedup();
-        indexes.into_iter().map(|index| self.0[index].lock()).collect()
+        indexes
+            .into_iter()
+            .map(|index| self.0[index].lock())
+            .collect()
     }
 }

@@ -171,9 +171,10 @@ impl Inner {
         let size = self.slab_size;
         let partition = keys::by_time_prefix(scope);
         let upper = keys::by_time_from(scope, until.end(size).as_secs());
-        let mut iterator = self
-            .db
-            .raw_iterator_cf_opt(family, range(partition.as_bytes(), Some(upper.into_bytes())));
+        let mut iterator = self.db.raw_iterator_cf_opt(
+            family,
+            range(partition.as_bytes(), Some(upper.into_bytes())),
+        );
         iterator.seek_to_first();
         let mut slabs = Vec::new();
         while let Some(stored) = iterator.key() {

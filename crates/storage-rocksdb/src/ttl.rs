@@ -72,7 +72,9 @@ pub fn compaction_filter(
 ) -> impl FnMut(u32, &[u8], &[u8]) -> Decision + Send + 'static {
     let grace = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
     move |_level, _key, value| match decode(value) {
-        Some((expiry, _)) if expiry != NEVER && expiry.saturating_add(grace) <= millis(clock.now()) => {
+        Some((expiry, _))
+            if expiry != NEVER && expiry.saturating_add(grace) <= millis(clock.now()) =>
+        {
             Decision::Remove
         }
         _ => Decision::Keep,
@@ -110,7 +112,10 @@ mod tests {
         assert!(matches!(filter(0, b"k", &expired_now), Decision::Keep));
         clock.advance(grace);
         assert!(matches!(filter(0, b"k", &expired_now), Decision::Remove));
-        assert!(matches!(filter(0, b"k", &encode(NEVER, b"x")), Decision::Keep));
+        assert!(matches!(
+            filter(0, b"k", &encode(NEVER, b"x")),
+            Decision::Keep
+        ));
         assert!(matches!(filter(0, b"k", b"foreign"), Decision::Keep));
     }
 }

@@ -12,6 +12,10 @@
 //! process leaves its WAL records in the OS page cache, so they survive. (Power loss is not
 //! covered by this test; synced writes are the default for that.)
 
+// The helpers below are test code outside `#[test]` functions (shared by the two halves of the
+// test), where panicking on an error is how they fail.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{BufRead, BufReader, Read};
 use std::num::{NonZeroU16, NonZeroU32};
 use std::process::{Command, Stdio};
@@ -65,11 +69,25 @@ async fn commit_everything(store: &RocksStore) {
         .await
         .unwrap();
     store
-        .defer_message(&scope, &k2, DeferredMessage { offset: Offset(41), retry_count: 2 })
+        .defer_message(
+            &scope,
+            &k2,
+            DeferredMessage {
+                offset: Offset(41),
+                retry_count: 2,
+            },
+        )
         .await
         .unwrap();
     store
-        .defer_timer(&scope, &k2, DeferredTimer { time: t(7_000), retry_count: 1 })
+        .defer_timer(
+            &scope,
+            &k2,
+            DeferredTimer {
+                time: t(7_000),
+                retry_count: 1,
+            },
+        )
         .await
         .unwrap();
     store
@@ -79,7 +97,10 @@ async fn commit_everything(store: &RocksStore) {
     let write = |op| StateWrite::new(state(), "k1", op);
     store
         .apply(&[
-            write(StateOp::PutValue { value: json!({"count": 3}), ttl: None }),
+            write(StateOp::PutValue {
+                value: json!({"count": 3}),
+                ttl: None,
+            }),
             write(StateOp::PutMapEntry {
                 entry: "a".into(),
                 value: json!(1),
@@ -97,8 +118,16 @@ async fn commit_everything(store: &RocksStore) {
                 ttl: None,
                 capacity: NonZeroU32::new(10),
             }),
-            write(StateOp::PutDequeItem { position: -1, item: json!("front"), ttl: None }),
-            write(StateOp::PutDequeItem { position: 1, item: json!("back"), ttl: None }),
+            write(StateOp::PutDequeItem {
+                position: -1,
+                item: json!("front"),
+                ttl: None,
+            }),
+            write(StateOp::PutDequeItem {
+                position: 1,
+                item: json!("back"),
+                ttl: None,
+            }),
         ])
         .await
         .unwrap();
@@ -108,17 +137,31 @@ async fn commit_everything(store: &RocksStore) {
 async fn assert_everything(store: &RocksStore) {
     let (scope, k1, k2) = (scope(), Key::from("k1"), Key::from("k2"));
     let app = TimerKind::Application;
-    assert_eq!(store.scheduled(&scope, &k1, app).await.unwrap(), vec![t(1_000), t(9_000)]);
     assert_eq!(
-        store.scheduled(&scope, &k2, TimerKind::DeferRetry).await.unwrap(),
+        store.scheduled(&scope, &k1, app).await.unwrap(),
+        vec![t(1_000), t(9_000)]
+    );
+    assert_eq!(
+        store
+            .scheduled(&scope, &k2, TimerKind::DeferRetry)
+            .await
+            .unwrap(),
         vec![t(7_200)]
     );
     let slab = t(7_200).slab(SlabSize::DEFAULT);
     assert_eq!(
         store.slab(&scope, slab).await.unwrap(),
         vec![
-            StoredTimer { time: t(7_200), key: k2.clone(), kind: TimerKind::DeferRetry },
-            StoredTimer { time: t(9_000), key: k1.clone(), kind: app },
+            StoredTimer {
+                time: t(7_200),
+                key: k2.clone(),
+                kind: TimerKind::DeferRetry
+            },
+            StoredTimer {
+                time: t(9_000),
+                key: k1.clone(),
+                kind: app
+            },
         ]
     );
     assert_eq!(
@@ -127,18 +170,31 @@ async fn assert_everything(store: &RocksStore) {
     );
     assert_eq!(
         store.deferred_messages(&scope, &k2).await.unwrap(),
-        vec![DeferredMessage { offset: Offset(41), retry_count: 2 }]
+        vec![DeferredMessage {
+            offset: Offset(41),
+            retry_count: 2
+        }]
     );
     assert_eq!(
         store.deferred_timers(&scope, &k2).await.unwrap(),
-        vec![DeferredTimer { time: t(7_000), retry_count: 1 }]
+        vec![DeferredTimer {
+            time: t(7_000),
+            retry_count: 1
+        }]
     );
     assert!(store.contains(&scope, &dedup_record()).await.unwrap());
-    assert_eq!(store.get_value(&state(), &k1).await.unwrap(), Some(json!({"count": 3})));
+    assert_eq!(
+        store.get_value(&state(), &k1).await.unwrap(),
+        Some(json!({"count": 3}))
+    );
     let limit = NonZeroU32::new(10).unwrap();
     assert_eq!(
         store
-            .scan_map(&state(), &k1, &ScanRequest::first(ScanDirection::Forward, limit))
+            .scan_map(
+                &state(),
+                &k1,
+                &ScanRequest::first(ScanDirection::Forward, limit)
+            )
             .await
             .unwrap(),
         vec![("a".to_owned(), json!(1)), ("b".to_owned(), json!([true]))]
@@ -149,7 +205,11 @@ async fn assert_everything(store: &RocksStore) {
     );
     assert_eq!(
         store
-            .scan_deque(&state(), &k1, &ScanRequest::first(ScanDirection::Backward, limit))
+            .scan_deque(
+                &state(),
+                &k1,
+                &ScanRequest::first(ScanDirection::Backward, limit)
+            )
             .await
             .unwrap(),
         vec![(1, json!("back")), (-1, json!("front"))]
@@ -183,7 +243,13 @@ fn child_commits_then_waits_to_be_killed() {
 fn crash_leaves_every_committed_write_readable() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([CHILD_TEST, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            CHILD_TEST,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(DIR_VARIABLE, dir.path())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -1,4 +1,4 @@
-//! The `DedupStore` conformance suite against RocksDB.
+//! The `DedupStore` conformance suite against `RocksDB`.
 
 use storage_rocksdb::{RocksOptions, RocksStore};
 

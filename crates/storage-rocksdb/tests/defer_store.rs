@@ -1,4 +1,4 @@
-//! The `DeferStore` conformance suite against RocksDB.
+//! The `DeferStore` conformance suite against `RocksDB`.
 
 use storage_rocksdb::{RocksOptions, RocksStore};
 

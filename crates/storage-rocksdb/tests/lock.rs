@@ -48,7 +48,14 @@ fn a_directory_reopened_with_another_slab_size_is_refused() {
         .with_slab_size(SlabSize::from_secs(60).expect("a positive slab size"));
     let error = RocksStore::open(dir.path(), &minutely).expect_err("another slab size");
     assert!(
-        matches!(error, OpenError::SlabSizeMismatch { stored: 3600, requested: 60, .. }),
+        matches!(
+            error,
+            OpenError::SlabSizeMismatch {
+                stored: 3600,
+                requested: 60,
+                ..
+            }
+        ),
         "{error:?}"
     );
     assert!(error.to_string().contains("3600 s"), "{error}");

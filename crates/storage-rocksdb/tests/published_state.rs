@@ -1,4 +1,4 @@
-//! The `PublishedStateView` conformance suite against RocksDB: the suite writes through the
+//! The `PublishedStateView` conformance suite against `RocksDB`: the suite writes through the
 //! store's `StateStore` side and reads through its published view of the same database.
 
 use storage_rocksdb::{RocksOptions, RocksStore};

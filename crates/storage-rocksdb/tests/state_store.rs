@@ -1,4 +1,4 @@
-//! The `StateStore` conformance suite against RocksDB.
+//! The `StateStore` conformance suite against `RocksDB`.
 
 use storage_rocksdb::{RocksOptions, RocksStore};
 

@@ -1,4 +1,4 @@
-//! The `TimerStore` conformance suite against RocksDB, with the default one-hour slabs and with
+//! The `TimerStore` conformance suite against `RocksDB`, with the default one-hour slabs and with
 //! the smallest slabs the suite supports (so slab edges are hit often).
 
 use prosody_api::SlabSize;

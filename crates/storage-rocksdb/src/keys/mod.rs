@@ -53,7 +53,7 @@ fn partition(scope: &PartitionScope) -> KeyBuf {
 
 /// Keys of the two timer indexes.
 pub mod timer {
-    use super::{KeyBuf, Key, PartitionScope, TimerKind, TimerTime, partition};
+    use super::{Key, KeyBuf, PartitionScope, TimerKind, TimerTime, partition};
 
     /// Prefix of one key's timers of one kind in `timers_by_key`.
     pub fn by_key_prefix(scope: &PartitionScope, key: &Key, kind: TimerKind) -> KeyBuf {
@@ -86,8 +86,8 @@ pub mod timer {
 
 /// Keys of the `defer` family.
 pub mod defer {
-    use super::{DEFER_MESSAGE, DEFER_TIMER, Key, KeyBuf, Offset, PartitionScope, TimerTime};
     use super::partition;
+    use super::{DEFER_MESSAGE, DEFER_TIMER, Key, KeyBuf, Offset, PartitionScope, TimerTime};
 
     /// Prefix of a key's deferred messages.
     pub fn messages(scope: &PartitionScope, key: &Key) -> KeyBuf {

@@ -112,7 +112,8 @@ impl Staging<'_> {
                 }
                 let stored = self.encode(value, *ttl)?;
                 self.view(cell).map.pending.insert(entry.clone(), true);
-                self.batch.put_cf(self.family, cell.map_entry(entry), stored);
+                self.batch
+                    .put_cf(self.family, cell.map_entry(entry), stored);
             }
             StateOp::DeleteMapEntry { entry } => {
                 self.view(cell).map.pending.insert(entry.clone(), false);

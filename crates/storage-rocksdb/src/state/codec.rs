@@ -74,11 +74,17 @@ mod tests {
     #[test]
     fn json_and_bounds_round_trip_and_expire() {
         let stored = encode_json("t", 10, &json!({"a": [1, null]})).unwrap();
-        assert_eq!(decode_json("t", &stored, 9).unwrap(), Some(json!({"a": [1, null]})));
+        assert_eq!(
+            decode_json("t", &stored, 9).unwrap(),
+            Some(json!({"a": [1, null]}))
+        );
         assert_eq!(decode_json("t", &stored, 10).unwrap(), None);
         let bounds = DequeBounds::new(-3, i64::MAX);
         let stored = encode_bounds(ttl::NEVER, bounds);
-        assert_eq!(decode_bounds("t", &stored, u64::MAX - 1).unwrap(), Some(bounds));
+        assert_eq!(
+            decode_bounds("t", &stored, u64::MAX - 1).unwrap(),
+            Some(bounds)
+        );
         assert!(decode_bounds("t", &stored[..20], 0).is_err());
     }
 }

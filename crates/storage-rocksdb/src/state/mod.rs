@@ -22,14 +22,16 @@ mod apply;
 mod codec;
 
 use async_trait::async_trait;
-use prosody_api::storage::{DequeBounds, ScanDirection, ScanRequest, StateScope, StateStore, StateWrite};
+use prosody_api::storage::{
+    DequeBounds, ScanDirection, ScanRequest, StateScope, StateStore, StateWrite,
+};
 use prosody_api::{Key, StorageError};
 use rocksdb::{DBRawIterator, ReadOptions};
 use serde_json::Value;
 
 use crate::error::{backend, corrupt};
 use crate::families::STATE;
-use crate::keys::{Cell, KeyReader, prefix_end};
+use crate::keys::{Cell, KeyBuf, KeyReader, prefix_end};
 use crate::store::{Inner, RocksStore, finished, range};
 
 use codec::{decode_bounds, decode_json};
@@ -69,10 +71,12 @@ impl Inner {
         self.db
             .batched_multi_get_cf(family, &keys, false)
             .into_iter()
-            .map(|stored| match stored.map_err(|error| backend(operation, error))? {
-                Some(stored) => decode_json(operation, &stored, now),
-                None => Ok(None),
-            })
+            .map(
+                |stored| match stored.map_err(|error| backend(operation, error))? {
+                    Some(stored) => decode_json(operation, &stored, now),
+                    None => Ok(None),
+                },
+            )
             .collect()
     }
 
@@ -88,7 +92,9 @@ impl Inner {
         let map = cell.map();
         let cursor = scan.after.as_deref().map(|after| cell.map_entry(after));
         let read = match (scan.direction, &cursor) {
-            (ScanDirection::Forward, Some(cursor)) => range(cursor.as_bytes(), prefix_end(map.as_bytes())),
+            (ScanDirection::Forward, Some(cursor)) => {
+                range(cursor.as_bytes(), prefix_end(map.as_bytes()))
+            }
             (ScanDirection::Backward, Some(cursor)) => {
                 range(map.as_bytes(), Some(cursor.as_bytes().to_vec()))
             }
@@ -98,7 +104,7 @@ impl Inner {
         let iterator = self.db.raw_iterator_cf_opt(family, read);
         // A forward scan starts at the cursor's own key (the lower bound is inclusive), which is
         // skipped; a backward scan's upper bound already excludes it.
-        let skip = cursor.as_ref().map(|cursor| cursor.as_bytes());
+        let skip = cursor.as_ref().map(KeyBuf::as_bytes);
         collect(operation, iterator, scan, skip, |stored_key, stored| {
             let Some(value) = decode_json(operation, stored, now)? else {
                 return Ok(None);
@@ -144,7 +150,10 @@ impl Inner {
             .chain(positions.iter().map(|&position| cell.item(position)))
             .collect();
         let now = self.now_millis();
-        let mut found = self.db.batched_multi_get_cf(family, &keys, false).into_iter();
+        let mut found = self
+            .db
+            .batched_multi_get_cf(family, &keys, false)
+            .into_iter();
         let bounds = match found.next() {
             Some(stored) => match stored.map_err(|error| backend(operation, error))? {
                 Some(stored) => decode_bounds(operation, &stored, now)?,
@@ -158,14 +167,14 @@ impl Inner {
         positions
             .iter()
             .zip(found)
-            .map(|(&position, stored)| {
-                match stored.map_err(|error| backend(operation, error))? {
+            .map(
+                |(&position, stored)| match stored.map_err(|error| backend(operation, error))? {
                     Some(stored) if bounds.contains(position) => {
                         decode_json(operation, &stored, now)
                     }
                     _ => Ok(None),
-                }
-            })
+                },
+            )
             .collect()
     }
 
@@ -281,7 +290,8 @@ impl StateStore for RocksStore {
         key: &Key,
         scan: &ScanRequest<String>,
     ) -> Result<Vec<(String, Value)>, StorageError> {
-        self.inner.state_map_scan("state.scan_map", scope, key, scan)
+        self.inner
+            .state_map_scan("state.scan_map", scope, key, scan)
     }
 
     async fn get_deque_bounds(

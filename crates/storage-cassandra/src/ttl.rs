@@ -13,7 +13,11 @@
 //!   which is what `cassandraRetentionSeconds` means;
 //! - a timer gets the time until it is due plus the retention, so a timer far in the future is
 //!   never reclaimed before it fires (timers do not expire in the trait's contract);
-//! - everything is capped at Cassandra's maximum TTL of 20 years.
+//! - everything is capped at Cassandra's maximum TTL of 20 years;
+//! - a TTL that would expire after 2038-01-19 is left out (no native TTL): Cassandra 5.0 in its
+//!   default `storage_compatibility_mode: CASSANDRA_4` rejects such writes (CASSANDRA-14092).
+//!   Only rows meant to outlive that date (a timer due in 12+ years) are affected, and they are
+//!   still removed when unscheduled.
 //!
 //! The cap by retention is the one place where native TTL may cut a logical TTL short: a
 //! retention shorter than a collection's `ttlSeconds` is a configuration choice that bounds all
@@ -60,9 +64,20 @@ impl TtlPolicy {
     }
 }
 
-/// Whole seconds in `1 ..= MAX_TTL`, as the `int` CQL's `USING TTL` takes.
+/// The latest expiration Cassandra accepts in its default compatibility mode (2038-01-19,
+/// minus a day of safety for clock skew between this client and the nodes).
+const LATEST_EXPIRATION_SECS: u64 = 2_147_483_646 - 86_400;
+
+/// Whole seconds in `1 ..= MAX_TTL`, as the `int` CQL's `USING TTL` takes, or 0 (no native TTL)
+/// when the expiration would fall after what Cassandra accepts.
 fn seconds(duration: Duration) -> i32 {
     let secs = duration.min(MAX_TTL).as_secs().max(1);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    if now.saturating_add(secs) > LATEST_EXPIRATION_SECS {
+        return 0;
+    }
     i32::try_from(secs).unwrap_or(i32::MAX)
 }
 
@@ -102,7 +117,7 @@ mod tests {
         let now = TimerTime::from_secs(1000);
         assert_eq!(policy.until(TimerTime::from_secs(1060), now), 3660);
         assert_eq!(policy.until(TimerTime::from_secs(940), now), 3600);
-        assert_eq!(policy.until(TimerTime::MAX, now), 630_720_000);
+        assert_eq!(policy.until(TimerTime::MAX, now), 0, "beyond 2038: no native TTL");
     }
 
     #[test]

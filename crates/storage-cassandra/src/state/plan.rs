@@ -333,21 +333,18 @@ impl<'a> Planner<'a> {
             Some(BoundsChange::Clear) => effects.push(Effect::DeleteBounds),
             None => {}
         }
+        let kept = self.item_puts.keys().copied();
         if self.items_all_dropped {
-            effects.extend(position_gaps(self.item_puts.keys().copied()));
+            effects.extend(carve(&[(i64::MIN, i64::MAX)], kept));
         } else if let Some((head, tail)) = self.items_keep {
-            // Every item put is inside the last bounds, which lie inside `head..tail`, so these
-            // deletions never touch a written item.
+            // Stored items outside every bounds the batch set are dropped; items the batch
+            // itself wrote there (after widening the bounds again) are kept.
+            let mut dropped = Vec::new();
             if head > i64::MIN {
-                effects.push(Effect::DeleteItems {
-                    from: i64::MIN,
-                    to: head - 1,
-                });
+                dropped.push((i64::MIN, head - 1));
             }
-            effects.push(Effect::DeleteItems {
-                from: tail.max(head),
-                to: i64::MAX,
-            });
+            dropped.push((tail.max(head), i64::MAX));
+            effects.extend(carve(&dropped, kept));
         }
         effects.extend(
             self.item_puts
@@ -381,26 +378,29 @@ fn entry_gaps<'a>(kept: impl Iterator<Item = &'a String>) -> Vec<Effect> {
     gaps
 }
 
-/// Range deletions covering every position except `kept` (ascending).
-fn position_gaps(kept: impl Iterator<Item = i64>) -> Vec<Effect> {
+/// Range deletions covering the inclusive `ranges` (ascending, disjoint) except the `kept`
+/// positions (ascending).
+fn carve(ranges: &[(i64, i64)], kept: impl Iterator<Item = i64>) -> Vec<Effect> {
+    let kept: Vec<i64> = kept.collect();
     let mut gaps = Vec::new();
-    let mut from = Some(i64::MIN);
-    for position in kept {
-        if let Some(start) = from
-            && start < position
-        {
-            gaps.push(Effect::DeleteItems {
-                from: start,
-                to: position - 1,
-            });
+    for &(from, to) in ranges {
+        let mut start = Some(from);
+        for &position in kept.iter().filter(|position| (from..=to).contains(*position)) {
+            if let Some(begin) = start
+                && begin < position
+            {
+                gaps.push(Effect::DeleteItems {
+                    from: begin,
+                    to: position - 1,
+                });
+            }
+            start = position.checked_add(1);
         }
-        from = position.checked_add(1);
-    }
-    if let Some(start) = from {
-        gaps.push(Effect::DeleteItems {
-            from: start,
-            to: i64::MAX,
-        });
+        if let Some(begin) = start
+            && begin <= to
+        {
+            gaps.push(Effect::DeleteItems { from: begin, to });
+        }
     }
     gaps
 }
@@ -640,10 +640,9 @@ mod tests {
     fn bounds_over_an_expired_deque_drop_every_stored_item() {
         let effects = run(Stored::default(), &[bounds(0, 2, None), item(1)]).unwrap();
         assert_disjoint(&effects);
-        assert!(effects.contains(&Effect::DeleteItems { from: 0, to: 0 }));
         assert!(effects.contains(&Effect::DeleteItems {
             from: i64::MIN,
-            to: -1
+            to: 0
         }));
         assert!(effects.contains(&Effect::DeleteItems {
             from: 2,
@@ -652,20 +651,46 @@ mod tests {
     }
 
     #[test]
-    fn position_gaps_handle_the_extremes() {
+    fn carving_handles_the_extremes() {
+        let all = [(i64::MIN, i64::MAX)];
         assert_eq!(
-            position_gaps([i64::MIN, i64::MAX].into_iter()),
+            carve(&all, [i64::MIN, i64::MAX].into_iter()),
             vec![Effect::DeleteItems {
                 from: i64::MIN + 1,
                 to: i64::MAX - 1
             }]
         );
         assert_eq!(
-            position_gaps(std::iter::empty()),
+            carve(&all, std::iter::empty()),
             vec![Effect::DeleteItems {
                 from: i64::MIN,
                 to: i64::MAX
             }]
         );
+        assert_eq!(
+            carve(&[(0, 0), (5, 9)], [0, 5, 7].into_iter()),
+            vec![
+                Effect::DeleteItems { from: 6, to: 6 },
+                Effect::DeleteItems { from: 8, to: 9 }
+            ]
+        );
+    }
+
+    #[test]
+    fn unshifting_twice_keeps_both_new_items() {
+        let stored = Stored {
+            bounds: Some(DequeBounds::new(0, 1)),
+            ..Stored::default()
+        };
+        let effects = run(
+            stored,
+            &[bounds(-1, 1, None), item(-1), bounds(-2, 1, None), item(-2)],
+        )
+        .unwrap();
+        assert_disjoint(&effects);
+        assert!(effects.contains(&Effect::DeleteItems {
+            from: i64::MIN,
+            to: -3
+        }));
     }
 }

@@ -282,6 +282,26 @@ pub struct RecoveryReport {
     pub dropped: usize,
 }
 
+/// A staged batch's identity: where its parts live and the write timestamp of all its cells.
+struct Intent {
+    id: String,
+    bucket: i32,
+    timestamp: i64,
+    written_at: i64,
+}
+
+impl Intent {
+    fn new(timestamp: i64, written_at: i64) -> Self {
+        let id = intent_id();
+        Self {
+            bucket: bucket_of(&id),
+            id,
+            timestamp,
+            written_at,
+        }
+    }
+}
+
 fn intent_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
@@ -393,54 +413,73 @@ impl CassandraStore {
 
     /// The staged commit of a multi-cell batch too large for a logged batch.
     async fn write_staged(&self, cells: &[CellEffects]) -> Result<(), StorageError> {
-        let statements = &self.shared.state.writes;
-        let db = &self.shared.db;
-        let intent = intent_id();
-        let bucket = bucket_of(&intent);
-        let timestamp = db.timestamps.next();
-        let written_at = millis(self.clock.now());
-        let ttl = self.shared.ttl.retention();
-        let part = |index: i32, effects: String| {
-            (
-                bucket,
-                intent.as_str(),
-                index,
-                written_at,
-                timestamp,
-                effects,
-                ttl,
-            )
-        };
+        let intent = Intent::new(self.shared.db.timestamps.next(), millis(self.clock.now()));
+        self.write_intent_parts(&intent, cells).await?;
+        // The commit point: from here on the batch is durable and recovery completes it.
+        self.write_intent_part(&intent, COMMIT_MARKER, String::new())
+            .await?;
+        try_join_all(cells.iter().map(|cell| async move {
+            self.write_cells(BatchType::Unlogged, &[cell], Some(intent.timestamp))
+                .await
+        }))
+        .await?;
+        self.forget_intent(APPLY, intent.bucket, &intent.id).await
+    }
+
+    async fn write_intent_parts(
+        &self,
+        intent: &Intent,
+        cells: &[CellEffects],
+    ) -> Result<(), StorageError> {
         try_join_all(cells.iter().enumerate().map(|(index, cell)| async move {
             let effects = serde_json::to_string(cell).map_err(|error| {
                 StorageError::invalid_request(APPLY, format!("cannot encode an intent: {error}"))
             })?;
-            let index = i32::try_from(index).unwrap_or(i32::MAX);
-            db.execute(APPLY, INTENTS, &statements.intent_part, part(index, effects))
+            self.write_intent_part(intent, i32::try_from(index).unwrap_or(i32::MAX), effects)
                 .await
         }))
-        .await?;
-        // The commit point: from here on the batch is durable and recovery completes it.
-        db.execute(
-            APPLY,
-            INTENTS,
-            &statements.intent_part,
-            part(COMMIT_MARKER, String::new()),
-        )
-        .await?;
-        try_join_all(cells.iter().map(|cell| async move {
-            self.write_cells(BatchType::Unlogged, &[cell], Some(timestamp))
-                .await
-        }))
-        .await?;
-        db.execute(
-            APPLY,
-            INTENTS,
-            &statements.intent_delete,
-            (bucket, intent.as_str()),
-        )
-        .await?;
-        Ok(())
+        .await
+        .map(drop)
+    }
+
+    async fn write_intent_part(
+        &self,
+        intent: &Intent,
+        part: i32,
+        effects: String,
+    ) -> Result<(), StorageError> {
+        let values = (
+            intent.bucket,
+            intent.id.as_str(),
+            part,
+            intent.written_at,
+            intent.timestamp,
+            effects,
+            self.shared.ttl.retention(),
+        );
+        self.shared
+            .db
+            .execute(APPLY, INTENTS, &self.shared.state.writes.intent_part, values)
+            .await
+            .map(drop)
+    }
+
+    async fn forget_intent(
+        &self,
+        operation: &'static str,
+        bucket: i32,
+        intent: &str,
+    ) -> Result<(), StorageError> {
+        self.shared
+            .db
+            .execute(
+                operation,
+                INTENTS,
+                &self.shared.state.writes.intent_delete,
+                (bucket, intent),
+            )
+            .await
+            .map(drop)
     }
 
     /// Completes the committed staged batches older than `older_than` (on the store's clock)
@@ -494,8 +533,7 @@ impl CassandraStore {
                 } else {
                     report.dropped += 1;
                 }
-                db.execute(OP, INTENTS, &statements.intent_delete, (bucket, intent.as_str()))
-                    .await?;
+                self.forget_intent(OP, bucket, &intent).await?;
             }
         }
         Ok(report)
@@ -504,7 +542,106 @@ impl CassandraStore {
 
 #[cfg(test)]
 mod tests {
+    use prosody_api::storage::{StateScope, StateStore};
+    use prosody_api::{Key, ManualClock};
+    use serde_json::json;
+
     use super::*;
+    use crate::CassandraConfig;
+    use crate::state::plan::plan;
+
+    /// A store on the shared test keyspace; fails loudly without the local Cassandra.
+    async fn store(clock: ManualClock) -> CassandraStore {
+        let nodes = std::env::var("PROSODY_CASSANDRA_NODES").unwrap_or_default();
+        assert!(
+            !nodes.is_empty(),
+            "PROSODY_CASSANDRA_NODES is not set: run `scripts/services up` and export the \
+             variables it prints"
+        );
+        let config = CassandraConfig::new(nodes.split(','))
+            .with_keyspace("prosody_conformance")
+            .with_retention(Duration::from_secs(24 * 3600));
+        CassandraStore::connect_with_clock(&config, clock)
+            .await
+            .expect("connect")
+    }
+
+    fn planned(store: &CassandraStore, scope: &StateScope, value: &serde_json::Value) -> CellEffects {
+        let op = StateOp::PutValue {
+            value: value.clone(),
+            ttl: None,
+        };
+        CellEffects {
+            cell: CellKey::new(scope, &Key::from("k")),
+            effects: plan(
+                scope.collection.as_str(),
+                Stored::default(),
+                [&op],
+                store.shared.ttl,
+                store.clock.now(),
+            )
+            .expect("plan"),
+        }
+    }
+
+    /// A writer that died after the commit marker: recovery completes its batch; one that
+    /// died before it: recovery drops the intent and nothing of it shows.
+    #[tokio::test]
+    async fn recovery_completes_committed_intents_and_drops_the_rest() {
+        let clock = ManualClock::new();
+        let store = store(clock.clone()).await;
+        let group = format!("recovery-{}", intent_id());
+        let (a, b, c) = (
+            StateScope::group(group.as_str(), "a"),
+            StateScope::group(group.as_str(), "b"),
+            StateScope::group(group.as_str(), "c"),
+        );
+        let key = Key::from("k");
+
+        let committed = Intent::new(store.shared.db.timestamps.next(), millis(clock.now()));
+        let cells = [planned(&store, &a, &json!("a")), planned(&store, &b, &json!("b"))];
+        store.write_intent_parts(&committed, &cells).await.expect("parts");
+        store
+            .write_intent_part(&committed, COMMIT_MARKER, String::new())
+            .await
+            .expect("marker");
+        let abandoned = Intent::new(store.shared.db.timestamps.next(), millis(clock.now()));
+        let cells = [planned(&store, &c, &json!("c"))];
+        store.write_intent_parts(&abandoned, &cells).await.expect("parts");
+
+        assert_eq!(store.get_value(&a, &key).await.expect("read"), None);
+        clock.advance(Duration::from_secs(60));
+        let report = store
+            .recover_staged_batches(Duration::from_secs(30))
+            .await
+            .expect("recover");
+        assert!(report.replayed >= 1 && report.dropped >= 1, "{report:?}");
+        assert_eq!(store.get_value(&a, &key).await.expect("read"), Some(json!("a")));
+        assert_eq!(store.get_value(&b, &key).await.expect("read"), Some(json!("b")));
+        assert_eq!(store.get_value(&c, &key).await.expect("read"), None);
+
+        // A replay cannot overwrite what was written after the batch.
+        store
+            .apply(&[StateWrite::new(
+                a.clone(),
+                key.clone(),
+                StateOp::PutValue {
+                    value: json!("newer"),
+                    ttl: None,
+                },
+            )])
+            .await
+            .expect("apply");
+        let cells = [planned(&store, &a, &json!("a"))];
+        store
+            .write_cells(BatchType::Unlogged, &[&cells[0]], Some(committed.timestamp))
+            .await
+            .expect("late replay");
+        assert_eq!(
+            store.get_value(&a, &key).await.expect("read"),
+            Some(json!("newer"))
+        );
+    }
 
     #[test]
     fn intents_spread_over_every_bucket_range() {

@@ -35,12 +35,11 @@ impl Replication {
                 format!("{{'class': 'SimpleStrategy', 'replication_factor': {factor}}}")
             }
             Self::NetworkTopology(factors) => {
-                let mut cql = String::from("{'class': 'NetworkTopologyStrategy'");
-                for (datacenter, factor) in factors {
-                    cql.push_str(&format!(", '{datacenter}': {factor}"));
-                }
-                cql.push('}');
-                cql
+                let factors: Vec<String> = factors
+                    .iter()
+                    .map(|(datacenter, factor)| format!(", '{datacenter}': {factor}"))
+                    .collect();
+                format!("{{'class': 'NetworkTopologyStrategy'{}}}", factors.concat())
             }
         }
     }
@@ -201,11 +200,13 @@ impl CassandraConfig {
     /// # Errors
     /// [`CassandraError::Config`] for the first invalid field.
     pub fn validate(&self) -> Result<(), CassandraError> {
-        let fail = |field: &'static str, reason: String| {
-            Err(CassandraError::Config { field, reason })
-        };
+        let fail =
+            |field: &'static str, reason: String| Err(CassandraError::Config { field, reason });
         if self.nodes.is_empty() || self.nodes.iter().any(|node| node.trim().is_empty()) {
-            return fail("nodes", "needs at least one non-empty `host:port`".to_owned());
+            return fail(
+                "nodes",
+                "needs at least one non-empty `host:port`".to_owned(),
+            );
         }
         if !is_identifier(&self.keyspace) {
             return fail(
@@ -233,7 +234,10 @@ impl CassandraConfig {
             );
         }
         if let Replication::Simple(0) = self.replication {
-            return fail("replication", "a replication factor must be >= 1".to_owned());
+            return fail(
+                "replication",
+                "a replication factor must be >= 1".to_owned(),
+            );
         }
         if let Replication::NetworkTopology(factors) = &self.replication {
             let bad = factors.is_empty()
@@ -268,7 +272,9 @@ impl CassandraConfig {
 /// A name Cassandra accepts unquoted and that is safe to interpolate into DDL.
 pub(crate) fn is_identifier(name: &str) -> bool {
     let mut chars = name.chars();
-    chars.next().is_some_and(|first| first.is_ascii_alphabetic())
+    chars
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic())
         && name.len() <= 48
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
@@ -306,7 +312,8 @@ mod tests {
             ),
             (base.clone().with_retention(Duration::ZERO), "retention"),
             (
-                base.clone().with_retention(MAX_TTL + Duration::from_secs(1)),
+                base.clone()
+                    .with_retention(MAX_TTL + Duration::from_secs(1)),
                 "retention",
             ),
             (

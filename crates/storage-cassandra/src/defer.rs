@@ -109,7 +109,12 @@ impl CassandraStore {
         let rows: Vec<(i64, i64)> = self
             .shared
             .db
-            .all_rows(operation, TABLE, &self.shared.defer.list, cell(scope, key, kind))
+            .all_rows(
+                operation,
+                TABLE,
+                &self.shared.defer.list,
+                cell(scope, key, kind),
+            )
             .await?;
         rows.into_iter()
             .map(|(id, retries)| {
@@ -146,7 +151,12 @@ impl CassandraStore {
     ) -> Result<(), StorageError> {
         self.shared
             .db
-            .execute(operation, TABLE, &self.shared.defer.clear, cell(scope, key, kind))
+            .execute(
+                operation,
+                TABLE,
+                &self.shared.defer.clear,
+                cell(scope, key, kind),
+            )
             .await
             .map(drop)
     }
@@ -202,8 +212,14 @@ impl DeferStore for CassandraStore {
         key: &Key,
         offset: Offset,
     ) -> Result<(), StorageError> {
-        self.defer_remove("defer.remove_deferred_message", scope, key, MESSAGE, offset.0)
-            .await
+        self.defer_remove(
+            "defer.remove_deferred_message",
+            scope,
+            key,
+            MESSAGE,
+            offset.0,
+        )
+        .await
     }
 
     async fn clear_deferred_messages(

@@ -36,7 +36,7 @@ pub enum CassandraError {
         nodes: String,
         /// The driver's error.
         #[source]
-        source: NewSessionError,
+        source: Box<NewSessionError>,
     },
     /// An applied migration differs from the file embedded in this build.
     #[error(
@@ -85,20 +85,13 @@ impl ClassifyError for CassandraError {
 }
 
 /// The class of a database error reported by a node.
+///
+/// Transient: unavailable replicas, overload, a bootstrapping node, read/write timeouts and
+/// failures, truncate errors, rate limits, an unprepared statement (the driver re-prepares),
+/// server errors, and any error this build does not know (`DbError` is non-exhaustive, and
+/// dropping an event must be a deliberate decision).
 fn db_error_class(error: &DbError) -> ErrorClass {
     match error {
-        DbError::Unavailable { .. }
-        | DbError::Overloaded
-        | DbError::IsBootstrapping
-        | DbError::ReadTimeout { .. }
-        | DbError::WriteTimeout { .. }
-        | DbError::ReadFailure { .. }
-        | DbError::WriteFailure { .. }
-        | DbError::TruncateError
-        | DbError::RateLimitReached { .. }
-        | DbError::Unprepared { .. }
-        | DbError::ServerError
-        | DbError::Other(_) => ErrorClass::Transient,
         DbError::SyntaxError
         | DbError::Invalid
         | DbError::AlreadyExists { .. }
@@ -107,8 +100,6 @@ fn db_error_class(error: &DbError) -> ErrorClass {
         | DbError::Unauthorized
         | DbError::ConfigError
         | DbError::ProtocolError => ErrorClass::Permanent,
-        // DbError is non-exhaustive: an error this build does not know is retried, since
-        // dropping an event must be a deliberate decision.
         _ => ErrorClass::Transient,
     }
 }
@@ -146,9 +137,12 @@ pub(crate) fn query_error(
     error: ExecutionError,
 ) -> StorageError {
     let class = execution_error_class(&error);
-    StorageError::backend(operation, format!("statement on table `{table}` failed: {error}"))
-        .with_class(class)
-        .with_source(error)
+    StorageError::backend(
+        operation,
+        format!("statement on table `{table}` failed: {error}"),
+    )
+    .with_class(class)
+    .with_source(error)
 }
 
 /// A failed paged statement on `table` during `operation`.
@@ -158,9 +152,12 @@ pub(crate) fn pager_error(
     error: PagerExecutionError,
 ) -> StorageError {
     let class = pager_error_class(&error);
-    StorageError::backend(operation, format!("paged query on table `{table}` failed: {error}"))
-        .with_class(class)
-        .with_source(error)
+    StorageError::backend(
+        operation,
+        format!("paged query on table `{table}` failed: {error}"),
+    )
+    .with_class(class)
+    .with_source(error)
 }
 
 /// Rows of `table` that do not decode as expected: the schema or the data is not what this
@@ -179,7 +176,11 @@ pub(crate) fn decode_error(
 }
 
 /// A stored value of `table` that is not what this crate writes.
-pub(crate) fn corrupt(operation: &'static str, table: &str, detail: String) -> StorageError {
+pub(crate) fn corrupt(
+    operation: &'static str,
+    table: &str,
+    detail: impl std::fmt::Display,
+) -> StorageError {
     StorageError::new(
         operation,
         StorageErrorKind::Corrupt,
@@ -194,10 +195,16 @@ mod tests {
     #[test]
     fn availability_problems_are_transient_and_schema_problems_permanent() {
         assert_eq!(db_error_class(&DbError::Overloaded), ErrorClass::Transient);
-        assert_eq!(db_error_class(&DbError::IsBootstrapping), ErrorClass::Transient);
+        assert_eq!(
+            db_error_class(&DbError::IsBootstrapping),
+            ErrorClass::Transient
+        );
         assert_eq!(db_error_class(&DbError::Invalid), ErrorClass::Permanent);
         assert_eq!(db_error_class(&DbError::SyntaxError), ErrorClass::Permanent);
-        assert_eq!(db_error_class(&DbError::Unauthorized), ErrorClass::Permanent);
+        assert_eq!(
+            db_error_class(&DbError::Unauthorized),
+            ErrorClass::Permanent
+        );
         let timeout = ExecutionError::RequestTimeout(std::time::Duration::from_secs(1));
         assert_eq!(execution_error_class(&timeout), ErrorClass::Transient);
         let invalid = ExecutionError::LastAttemptError(RequestAttemptError::DbError(

@@ -34,7 +34,13 @@
 //!   prefers the configured datacenter and rack.
 //! - Expiry is judged by the store's [`Clock`]; Cassandra's native TTL reclaims space later and
 //!   never earlier (capped by the retention).
-//! - [`StateStore::apply`] is all or nothing, also for megabyte batches (see `state`).
+//! - [`StateStore::apply`] is all or nothing, also for megabyte batches: each cell is one
+//!   partition, so a one-cell batch is one isolated mutation (not subject to
+//!   `batch_size_fail_threshold`); several cells go in one logged batch, or, beyond
+//!   [`CassandraConfig::logged_batch_limit_bytes`], through a staged commit (provisional intent
+//!   parts, then one small commit-marker write, then the cells, all with one write timestamp;
+//!   [`CassandraStore::recover_staged_batches`] completes a commit whose writer died). No
+//!   Cassandra setting needs raising.
 //! - Errors name the table and operation and are classified: timeouts, unavailable replicas
 //!   and lost connections are transient; schema and encoding errors are permanent.
 //!
@@ -121,6 +127,12 @@ impl CassandraStore {
         config: &CassandraConfig,
         clock: impl Clock + 'static,
     ) -> Result<Self, CassandraError> {
+        // Boxed: start-up is a long chain of awaits whose state would otherwise be inlined
+        // into every caller's future.
+        Box::pin(Self::open(config, Arc::new(clock))).await
+    }
+
+    async fn open(config: &CassandraConfig, clock: Arc<dyn Clock>) -> Result<Self, CassandraError> {
         config.validate()?;
         let db = session::Db::open(config).await?;
         let applied_migrations = migrations::migrate(&db).await?;
@@ -141,7 +153,7 @@ impl CassandraStore {
                 ttl,
                 applied_migrations,
             }),
-            clock: Arc::new(clock),
+            clock,
         })
     }
 

@@ -58,8 +58,13 @@ impl PublishedStateView for CassandraStore {
         key: &Key,
         positions: &[i64],
     ) -> Result<Vec<Option<Value>>, StorageError> {
-        self.read_items("published.deque_items", &scope.state_scope(), key, positions)
-            .await
+        self.read_items(
+            "published.deque_items",
+            &scope.state_scope(),
+            key,
+            positions,
+        )
+        .await
     }
 
     async fn published_deque_scan(

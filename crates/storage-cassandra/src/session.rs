@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use futures::TryStreamExt;
+use prosody_api::StorageError;
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
@@ -18,11 +19,10 @@ use scylla::deserialize::row::DeserializeRow;
 use scylla::policies::load_balancing::DefaultPolicy;
 use scylla::policies::timestamp_generator::{MonotonicTimestampGenerator, TimestampGenerator};
 use scylla::response::query_result::QueryResult;
+use scylla::serialize::batch::BatchValues;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::Batch;
 use scylla::statement::prepared::PreparedStatement;
-use scylla::serialize::batch::BatchValues;
-use prosody_api::StorageError;
 
 use crate::config::CassandraConfig;
 use crate::errors::{CassandraError, decode_error, pager_error, query_error};
@@ -85,7 +85,7 @@ impl Db {
             .await
             .map_err(|source| CassandraError::Connect {
                 nodes: config.nodes.join(","),
-                source,
+                source: Box::new(source),
             })?;
         Ok(Self {
             session,

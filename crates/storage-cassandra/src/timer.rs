@@ -41,40 +41,39 @@ pub(crate) struct Statements {
 impl Statements {
     pub(crate) async fn prepare(db: &Db) -> Result<Self, StorageError> {
         const OP: &str = "timer.prepare";
-        let (insert_by_key, insert_by_slab, insert_slab, delete_by_key, delete_by_slab) =
-            futures::try_join!(
-                db.prepare(
-                    OP,
-                    BY_KEY,
-                    "INSERT INTO {ks}.timers_by_key (consumer_group, topic, kafka_partition, \
+        let (insert_by_key, insert_by_slab, insert_slab, delete_by_key, delete_by_slab) = futures::try_join!(
+            db.prepare(
+                OP,
+                BY_KEY,
+                "INSERT INTO {ks}.timers_by_key (consumer_group, topic, kafka_partition, \
                      kafka_key, kind, due_secs) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?",
-                ),
-                db.prepare(
-                    OP,
-                    BY_SLAB,
-                    "INSERT INTO {ks}.timers_by_slab (consumer_group, topic, kafka_partition, \
+            ),
+            db.prepare(
+                OP,
+                BY_SLAB,
+                "INSERT INTO {ks}.timers_by_slab (consumer_group, topic, kafka_partition, \
                      slab, due_secs, kafka_key, kind) VALUES (?, ?, ?, ?, ?, ?, ?) USING TTL ?",
-                ),
-                db.prepare(
-                    OP,
-                    "timer_slabs",
-                    "INSERT INTO {ks}.timer_slabs (consumer_group, topic, kafka_partition, slab) \
+            ),
+            db.prepare(
+                OP,
+                "timer_slabs",
+                "INSERT INTO {ks}.timer_slabs (consumer_group, topic, kafka_partition, slab) \
                      VALUES (?, ?, ?, ?) USING TTL ?",
-                ),
-                db.prepare(
-                    OP,
-                    BY_KEY,
-                    "DELETE FROM {ks}.timers_by_key WHERE consumer_group = ? AND topic = ? AND \
+            ),
+            db.prepare(
+                OP,
+                BY_KEY,
+                "DELETE FROM {ks}.timers_by_key WHERE consumer_group = ? AND topic = ? AND \
                      kafka_partition = ? AND kafka_key = ? AND kind = ? AND due_secs = ?",
-                ),
-                db.prepare(
-                    OP,
-                    BY_SLAB,
-                    "DELETE FROM {ks}.timers_by_slab WHERE consumer_group = ? AND topic = ? AND \
+            ),
+            db.prepare(
+                OP,
+                BY_SLAB,
+                "DELETE FROM {ks}.timers_by_slab WHERE consumer_group = ? AND topic = ? AND \
                      kafka_partition = ? AND slab = ? AND due_secs = ? AND kafka_key = ? AND \
                      kind = ?",
-                ),
-            )?;
+            ),
+        )?;
         let (delete_kind, scheduled, slab, slabs) = futures::try_join!(
             db.prepare(
                 OP,

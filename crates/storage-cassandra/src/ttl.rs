@@ -83,8 +83,9 @@ fn seconds(duration: Duration) -> i32 {
 
 /// Milliseconds since the epoch, the unit of every `expires_at` column.
 pub(crate) fn millis(time: SystemTime) -> i64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+    time.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+    })
 }
 
 /// The `expires_at` column of an entry written at `now` with `ttl`.
@@ -117,7 +118,11 @@ mod tests {
         let now = TimerTime::from_secs(1000);
         assert_eq!(policy.until(TimerTime::from_secs(1060), now), 3660);
         assert_eq!(policy.until(TimerTime::from_secs(940), now), 3600);
-        assert_eq!(policy.until(TimerTime::MAX, now), 0, "beyond 2038: no native TTL");
+        assert_eq!(
+            policy.until(TimerTime::MAX, now),
+            0,
+            "beyond 2038: no native TTL"
+        );
     }
 
     #[test]

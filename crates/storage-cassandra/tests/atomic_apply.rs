@@ -1,6 +1,9 @@
 //! State batches beyond what one logged batch may carry: several cells with megabyte values
 //! go through the staged commit and still land whole; a rejected batch leaves nothing.
 
+// Test helpers state expectations the way the tests do.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use prosody_api::storage::{StateOp, StateScope, StateStore, StateWrite};
@@ -58,7 +61,10 @@ async fn a_multi_cell_batch_of_megabytes_commits_whole() {
         )
     }));
     store.apply(&batch).await.expect("a large multi-cell batch");
-    assert_eq!(store.get_value(&owned, &key).await.expect("read"), Some(big));
+    assert_eq!(
+        store.get_value(&owned, &key).await.expect("read"),
+        Some(big)
+    );
     assert_eq!(
         store.get_value(&published, &key).await.expect("read"),
         Some(other)

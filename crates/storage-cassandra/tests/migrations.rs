@@ -2,6 +2,9 @@
 //! applied migration is refused by name, and concurrent first starts apply exactly once.
 //! Each test uses a fresh keyspace and drops it at the end.
 
+// Test helpers state expectations the way the tests do.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use futures::future::join_all;
@@ -46,10 +49,18 @@ async fn migrations_apply_once_and_record_their_checksums() {
     let keyspace = common::fresh_keyspace("mig_once");
     let config = common::config(&keyspace);
     let first = CassandraStore::connect(&config).await.expect("first start");
-    let all: Vec<u32> = MIGRATIONS.iter().map(|migration| migration.version).collect();
+    let all: Vec<u32> = MIGRATIONS
+        .iter()
+        .map(|migration| migration.version)
+        .collect();
     assert_eq!(first.applied_migrations(), all.as_slice());
-    let second = CassandraStore::connect(&config).await.expect("second start");
-    assert!(second.applied_migrations().is_empty(), "nothing left to apply");
+    let second = CassandraStore::connect(&config)
+        .await
+        .expect("second start");
+    assert!(
+        second.applied_migrations().is_empty(),
+        "nothing left to apply"
+    );
 
     let session = raw_session().await;
     let expected: Vec<(i32, String, String)> = MIGRATIONS
@@ -74,7 +85,9 @@ async fn a_changed_applied_migration_is_a_clear_error() {
     let session = raw_session().await;
     session
         .query_unpaged(
-            format!("UPDATE {keyspace}.prosody_migrations SET checksum = 'edited' WHERE version = 1"),
+            format!(
+                "UPDATE {keyspace}.prosody_migrations SET checksum = 'edited' WHERE version = 1"
+            ),
             (),
         )
         .await
@@ -111,8 +124,14 @@ async fn five_clients_starting_at_once_apply_migrations_once() {
         .flat_map(|store| store.applied_migrations().iter().copied())
         .collect();
     applied.sort_unstable();
-    let all: Vec<u32> = MIGRATIONS.iter().map(|migration| migration.version).collect();
-    assert_eq!(applied, all, "every migration applied by exactly one client");
+    let all: Vec<u32> = MIGRATIONS
+        .iter()
+        .map(|migration| migration.version)
+        .collect();
+    assert_eq!(
+        applied, all,
+        "every migration applied by exactly one client"
+    );
     let session = raw_session().await;
     assert_eq!(recorded(&session, &keyspace).await.len(), MIGRATIONS.len());
     drop_keyspace(&session, &keyspace).await;

@@ -9,7 +9,7 @@
 //!    history and must never change.
 //! 3. Nothing pending: done, without taking any lock (the common start-up).
 //! 4. Otherwise take the keyspace's migration lock (a lightweight transaction, see
-//!    [`lock`]), read the applied versions again (another client may just have finished),
+//!    `lock`), read the applied versions again (another client may just have finished),
 //!    apply each pending migration in version order and record it, then release the lock.
 //!
 //! Each migration's statements are `IF NOT EXISTS`, so a migration interrupted by a crash is
@@ -146,9 +146,7 @@ async fn pending(db: &Db) -> Result<Vec<Migration>, CassandraError> {
             "SELECT version, checksum FROM {ks}.prosody_migrations",
         )
         .await?;
-    let rows: Vec<(i32, String)> = db
-        .all_rows(OPERATION, MIGRATIONS_TABLE, &read, ())
-        .await?;
+    let rows: Vec<(i32, String)> = db.all_rows(OPERATION, MIGRATIONS_TABLE, &read, ()).await?;
     let mut pending = Vec::new();
     for migration in MIGRATIONS {
         let recorded = rows
@@ -205,7 +203,12 @@ async fn ensure_bookkeeping(db: &Db) -> Result<(), CassandraError> {
         .await?;
     keyspaces.set_consistency(Consistency::One);
     let found: Vec<(String,)> = db
-        .rows(OPERATION, "system_schema.keyspaces", &keyspaces, (&db.keyspace,))
+        .rows(
+            OPERATION,
+            "system_schema.keyspaces",
+            &keyspaces,
+            (&db.keyspace,),
+        )
         .await?;
     if found.is_empty() {
         ddl(

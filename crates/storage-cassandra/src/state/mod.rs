@@ -101,57 +101,54 @@ impl Statements {
         const OP: &str = "state.prepare";
         let cql = |text: String| async move { db.prepare(OP, TABLE, &text).await };
         let entry_columns = "entry, item, expires_at";
-        let item_columns =
-            "deque_head, deque_tail, deque_expires_at, position, item, expires_at";
-        let (value, bounds, entries, live_entries, map_forward, map_forward_after) =
-            futures::try_join!(
-                cql(format!(
-                    "SELECT val, val_expires_at FROM {{ks}}.keyed_state WHERE {PK} LIMIT 1"
-                )),
-                cql(format!(
-                    "SELECT deque_head, deque_tail, deque_expires_at FROM {{ks}}.keyed_state \
+        let item_columns = "deque_head, deque_tail, deque_expires_at, position, item, expires_at";
+        let (value, bounds, entries, live_entries, map_forward, map_forward_after) = futures::try_join!(
+            cql(format!(
+                "SELECT val, val_expires_at FROM {{ks}}.keyed_state WHERE {PK} LIMIT 1"
+            )),
+            cql(format!(
+                "SELECT deque_head, deque_tail, deque_expires_at FROM {{ks}}.keyed_state \
                      WHERE {PK} LIMIT 1"
-                )),
-                cql(format!(
-                    "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
+            )),
+            cql(format!(
+                "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
                      AND entry IN ?"
-                )),
-                cql(format!(
-                    "SELECT entry, expires_at FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1"
-                )),
-                cql(format!(
-                    "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
+            )),
+            cql(format!(
+                "SELECT entry, expires_at FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1"
+            )),
+            cql(format!(
+                "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
                      LIMIT ?"
-                )),
-                cql(format!(
-                    "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
+            )),
+            cql(format!(
+                "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
                      AND entry > ? LIMIT ?"
-                )),
-            )?;
-        let (map_backward, map_backward_after, items, deque_forward, deque_backward, writes) =
-            futures::try_join!(
-                cql(format!(
-                    "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
+            )),
+        )?;
+        let (map_backward, map_backward_after, items, deque_forward, deque_backward, writes) = futures::try_join!(
+            cql(format!(
+                "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
                      {BACKWARD} LIMIT ?"
-                )),
-                cql(format!(
-                    "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
+            )),
+            cql(format!(
+                "SELECT {entry_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 1 \
                      AND entry < ? {BACKWARD} LIMIT ?"
-                )),
-                cql(format!(
-                    "SELECT {item_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 2 \
+            )),
+            cql(format!(
+                "SELECT {item_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 2 \
                      AND entry = '' AND position IN ?"
-                )),
-                cql(format!(
-                    "SELECT {item_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 2 \
+            )),
+            cql(format!(
+                "SELECT {item_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 2 \
                      AND entry = '' AND position >= ? LIMIT ?"
-                )),
-                cql(format!(
-                    "SELECT {item_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 2 \
+            )),
+            cql(format!(
+                "SELECT {item_columns} FROM {{ks}}.keyed_state WHERE {PK} AND kind = 2 \
                      AND entry = '' AND position <= ? {BACKWARD} LIMIT ?"
-                )),
-                write::Statements::prepare(db),
-            )?;
+            )),
+            write::Statements::prepare(db),
+        )?;
         Ok(Self {
             value,
             bounds,
@@ -170,11 +167,22 @@ impl Statements {
 }
 
 type BoundsRow = (Option<i64>, Option<i64>, Option<i64>);
-type ItemRow = (Option<i64>, Option<i64>, Option<i64>, i64, Option<String>, Option<i64>);
+type ItemRow = (
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    i64,
+    Option<String>,
+    Option<i64>,
+);
 
 fn decode(operation: &'static str, json: &str) -> Result<Value, StorageError> {
     serde_json::from_str(json).map_err(|error| {
-        corrupt(operation, TABLE, format!("a stored value is not JSON: {error}"))
+        corrupt(
+            operation,
+            TABLE,
+            format!("a stored value is not JSON: {error}"),
+        )
     })
 }
 
@@ -211,9 +219,7 @@ impl CassandraStore {
             .await?;
         let now = self.now_millis();
         match rows.into_iter().next() {
-            Some((Some(json), expires)) if live(expires, now) => {
-                decode(operation, &json).map(Some)
-            }
+            Some((Some(json), expires)) if live(expires, now) => decode(operation, &json).map(Some),
             _ => Ok(None),
         }
     }
@@ -241,7 +247,12 @@ impl CassandraStore {
         let rows: Vec<(String, Option<i64>)> = self
             .shared
             .db
-            .all_rows(operation, TABLE, &self.shared.state.live_entries, cell.values())
+            .all_rows(
+                operation,
+                TABLE,
+                &self.shared.state.live_entries,
+                cell.values(),
+            )
             .await?;
         let now = self.now_millis();
         Ok(rows
@@ -284,7 +295,10 @@ impl CassandraStore {
                 found.insert(entry, decode(operation, &json)?);
             }
         }
-        Ok(entries.iter().map(|entry| found.get(entry).cloned()).collect())
+        Ok(entries
+            .iter()
+            .map(|entry| found.get(entry).cloned())
+            .collect())
     }
 
     pub(crate) async fn read_map_chunk(
@@ -464,7 +478,8 @@ impl StateStore for CassandraStore {
         key: &Key,
         scan: &ScanRequest<String>,
     ) -> Result<Vec<(String, Value)>, StorageError> {
-        self.read_map_chunk("state.scan_map", scope, key, scan).await
+        self.read_map_chunk("state.scan_map", scope, key, scan)
+            .await
     }
 
     async fn get_deque_bounds(

@@ -385,7 +385,10 @@ fn carve(ranges: &[(i64, i64)], kept: impl Iterator<Item = i64>) -> Vec<Effect> 
     let mut gaps = Vec::new();
     for &(from, to) in ranges {
         let mut start = Some(from);
-        for &position in kept.iter().filter(|position| (from..=to).contains(*position)) {
+        for &position in kept
+            .iter()
+            .filter(|position| (from..=to).contains(*position))
+        {
             if let Some(begin) = start
                 && begin < position
             {
@@ -500,7 +503,11 @@ mod tests {
     fn clear_then_put_deletes_around_the_put() {
         let effects = run(
             Stored::default(),
-            &[put_entry("a", None), StateOp::ClearMap, put_entry("b", None)],
+            &[
+                put_entry("a", None),
+                StateOp::ClearMap,
+                put_entry("b", None),
+            ],
         )
         .unwrap();
         assert_disjoint(&effects);
@@ -544,7 +551,11 @@ mod tests {
         assert_eq!(
             run(
                 stored,
-                &[StateOp::ClearMap, put_entry("x", Some(1)), put_entry("y", Some(1))]
+                &[
+                    StateOp::ClearMap,
+                    put_entry("x", Some(1)),
+                    put_entry("y", Some(1))
+                ]
             ),
             Err(StorageErrorKind::LimitExceeded)
         );

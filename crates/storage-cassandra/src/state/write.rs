@@ -78,37 +78,39 @@ impl Statements {
         const OP: &str = "state.prepare";
         let cql = |text: String| async move { db.prepare(OP, TABLE, &text).await };
         let delete = "DELETE FROM {ks}.keyed_state WHERE";
-        let (put_value, delete_value, put_entry, delete_entry, delete_entries_all) =
-            futures::try_join!(
-                cql(format!(
-                    "UPDATE {{ks}}.keyed_state USING TTL ? SET val = ?, val_expires_at = ? \
+        let (put_value, delete_value, put_entry, delete_entry, delete_entries_all) = futures::try_join!(
+            cql(format!(
+                "UPDATE {{ks}}.keyed_state USING TTL ? SET val = ?, val_expires_at = ? \
                      WHERE {PK}"
-                )),
-                cql(format!(
-                    "DELETE val, val_expires_at FROM {{ks}}.keyed_state WHERE {PK}"
-                )),
-                cql(format!(
-                    "INSERT INTO {{ks}}.keyed_state (owner, collection, kafka_key, kind, entry, \
+            )),
+            cql(format!(
+                "DELETE val, val_expires_at FROM {{ks}}.keyed_state WHERE {PK}"
+            )),
+            cql(format!(
+                "INSERT INTO {{ks}}.keyed_state (owner, collection, kafka_key, kind, entry, \
                      position, item, expires_at) VALUES (?, ?, ?, {KIND_ENTRY}, ?, 0, ?, ?) \
                      USING TTL ?"
-                )),
-                cql(format!(
-                    "{delete} {PK} AND kind = {KIND_ENTRY} AND entry = ? AND position = 0"
-                )),
-                cql(format!("{delete} {PK} AND kind = {KIND_ENTRY}")),
-            )?;
-        let (delete_entries_after, delete_entries_before, delete_entries_between, set_bounds) =
-            futures::try_join!(
-                cql(format!("{delete} {PK} AND kind = {KIND_ENTRY} AND entry > ?")),
-                cql(format!("{delete} {PK} AND kind = {KIND_ENTRY} AND entry < ?")),
-                cql(format!(
-                    "{delete} {PK} AND kind = {KIND_ENTRY} AND entry > ? AND entry < ?"
-                )),
-                cql(format!(
-                    "UPDATE {{ks}}.keyed_state USING TTL ? SET deque_head = ?, deque_tail = ?, \
+            )),
+            cql(format!(
+                "{delete} {PK} AND kind = {KIND_ENTRY} AND entry = ? AND position = 0"
+            )),
+            cql(format!("{delete} {PK} AND kind = {KIND_ENTRY}")),
+        )?;
+        let (delete_entries_after, delete_entries_before, delete_entries_between, set_bounds) = futures::try_join!(
+            cql(format!(
+                "{delete} {PK} AND kind = {KIND_ENTRY} AND entry > ?"
+            )),
+            cql(format!(
+                "{delete} {PK} AND kind = {KIND_ENTRY} AND entry < ?"
+            )),
+            cql(format!(
+                "{delete} {PK} AND kind = {KIND_ENTRY} AND entry > ? AND entry < ?"
+            )),
+            cql(format!(
+                "UPDATE {{ks}}.keyed_state USING TTL ? SET deque_head = ?, deque_tail = ?, \
                      deque_expires_at = ? WHERE {PK}"
-                )),
-            )?;
+            )),
+        )?;
         let (delete_bounds, put_item, delete_items) = futures::try_join!(
             cql(format!(
                 "DELETE deque_head, deque_tail, deque_expires_at FROM {{ks}}.keyed_state \
@@ -206,7 +208,9 @@ impl Statements {
                     ],
                 ),
             ),
-            Effect::DeleteEntry { entry } => (&self.delete_entry, with_pk(vec![], vec![text(entry)])),
+            Effect::DeleteEntry { entry } => {
+                (&self.delete_entry, with_pk(vec![], vec![text(entry)]))
+            }
             Effect::DeleteEntries { after, before } => match (after, before) {
                 (None, None) => (&self.delete_entries_all, pk),
                 (Some(after), None) => (
@@ -315,9 +319,9 @@ fn intent_id() -> String {
 }
 
 fn bucket_of(intent: &str) -> i32 {
-    let hash = intent
-        .bytes()
-        .fold(0_u32, |hash, byte| hash.wrapping_mul(31).wrapping_add(u32::from(byte)));
+    let hash = intent.bytes().fold(0_u32, |hash, byte| {
+        hash.wrapping_mul(31).wrapping_add(u32::from(byte))
+    });
     i32::try_from(hash % BUCKETS.unsigned_abs()).unwrap_or(0)
 }
 
@@ -336,13 +340,7 @@ impl CassandraStore {
         let now = self.clock.now();
         let mut planned = Vec::with_capacity(cells.len());
         for ((cell, ops), stored) in cells.into_iter().zip(stored) {
-            let effects = plan(
-                &cell.collection,
-                stored,
-                ops.into_iter(),
-                self.shared.ttl,
-                now,
-            )?;
+            let effects = plan(&cell.collection, stored, ops, self.shared.ttl, now)?;
             if !effects.is_empty() {
                 planned.push(CellEffects { cell, effects });
             }
@@ -459,7 +457,12 @@ impl CassandraStore {
         );
         self.shared
             .db
-            .execute(APPLY, INTENTS, &self.shared.state.writes.intent_part, values)
+            .execute(
+                APPLY,
+                INTENTS,
+                &self.shared.state.writes.intent_part,
+                values,
+            )
             .await
             .map(drop)
     }
@@ -483,10 +486,11 @@ impl CassandraStore {
     }
 
     /// Completes the committed staged batches older than `older_than` (on the store's clock)
-    /// and drops the uncommitted ones; see [`crate::state`]'s apply docs. Run it periodically
-    /// with the spec's `stateRecoveryDelaySeconds` (30 s by default): a delay shorter than the
-    /// longest apply could drop a batch that is still being staged, which then fails with an
-    /// error (never half-applied).
+    /// and drops the uncommitted ones (see the crate docs on atomic apply). Run it periodically
+    /// with the spec's `stateRecoveryDelaySeconds` (30 s by default). The delay must exceed the
+    /// time a writer takes to stage a batch (milliseconds in practice): a sweep that dropped the
+    /// parts of a batch still being staged, followed by that writer crashing right after its
+    /// commit marker, would leave a marker without its parts.
     ///
     /// # Errors
     /// A transient [`StorageError`] when Cassandra fails; what was done stays done and the next
@@ -513,9 +517,7 @@ impl CassandraStore {
                 if !committed {
                     parts.push(effects);
                 }
-                while let Some((_, _, _, _, effects)) =
-                    rows.next_if(|(next, ..)| *next == intent)
-                {
+                while let Some((_, _, _, _, effects)) = rows.next_if(|(next, ..)| *next == intent) {
                     parts.push(effects);
                 }
                 if written_at > cutoff {
@@ -523,9 +525,14 @@ impl CassandraStore {
                 }
                 if committed {
                     for effects in parts.into_iter().flatten() {
-                        let cell: CellEffects = serde_json::from_str(&effects).map_err(|error| {
-                            corrupt(OP, INTENTS, format!("intent `{intent}` does not decode: {error}"))
-                        })?;
+                        let cell: CellEffects =
+                            serde_json::from_str(&effects).map_err(|error| {
+                                corrupt(
+                                    OP,
+                                    INTENTS,
+                                    format!("intent `{intent}` does not decode: {error}"),
+                                )
+                            })?;
                         self.write_cells(BatchType::Unlogged, &[&cell], Some(timestamp))
                             .await?;
                     }
@@ -566,7 +573,11 @@ mod tests {
             .expect("connect")
     }
 
-    fn planned(store: &CassandraStore, scope: &StateScope, value: &serde_json::Value) -> CellEffects {
+    fn planned(
+        store: &CassandraStore,
+        scope: &StateScope,
+        value: &serde_json::Value,
+    ) -> CellEffects {
         let op = StateOp::PutValue {
             value: value.clone(),
             ttl: None,
@@ -599,15 +610,24 @@ mod tests {
         let key = Key::from("k");
 
         let committed = Intent::new(store.shared.db.timestamps.next(), millis(clock.now()));
-        let cells = [planned(&store, &a, &json!("a")), planned(&store, &b, &json!("b"))];
-        store.write_intent_parts(&committed, &cells).await.expect("parts");
+        let cells = [
+            planned(&store, &a, &json!("a")),
+            planned(&store, &b, &json!("b")),
+        ];
+        store
+            .write_intent_parts(&committed, &cells)
+            .await
+            .expect("parts");
         store
             .write_intent_part(&committed, COMMIT_MARKER, String::new())
             .await
             .expect("marker");
         let abandoned = Intent::new(store.shared.db.timestamps.next(), millis(clock.now()));
         let cells = [planned(&store, &c, &json!("c"))];
-        store.write_intent_parts(&abandoned, &cells).await.expect("parts");
+        store
+            .write_intent_parts(&abandoned, &cells)
+            .await
+            .expect("parts");
 
         assert_eq!(store.get_value(&a, &key).await.expect("read"), None);
         clock.advance(Duration::from_secs(60));
@@ -616,8 +636,14 @@ mod tests {
             .await
             .expect("recover");
         assert!(report.replayed >= 1 && report.dropped >= 1, "{report:?}");
-        assert_eq!(store.get_value(&a, &key).await.expect("read"), Some(json!("a")));
-        assert_eq!(store.get_value(&b, &key).await.expect("read"), Some(json!("b")));
+        assert_eq!(
+            store.get_value(&a, &key).await.expect("read"),
+            Some(json!("a"))
+        );
+        assert_eq!(
+            store.get_value(&b, &key).await.expect("read"),
+            Some(json!("b"))
+        );
         assert_eq!(store.get_value(&c, &key).await.expect("read"), None);
 
         // A replay cannot overwrite what was written after the batch.

@@ -27,7 +27,10 @@ pub fn nodes() -> Vec<String> {
          `scripts/services up` and export the variables it prints \
          (e.g. PROSODY_CASSANDRA_NODES=127.0.0.1:9042)."
     );
-    nodes.split(',').map(|node| node.trim().to_owned()).collect()
+    nodes
+        .split(',')
+        .map(|node| node.trim().to_owned())
+        .collect()
 }
 
 /// Settings for tests: a short retention so test data is reclaimed by Cassandra within a day.
@@ -42,7 +45,11 @@ pub fn fresh_keyspace(prefix: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_nanos());
-    format!("{prefix}_{}_{}", std::process::id(), nanos % 1_000_000_000_000)
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000_000
+    )
 }
 
 /// One session per test, shared by the test's cases.

@@ -116,6 +116,16 @@ impl PartitionWork {
         self.admit(event)
     }
 
+    /// Offers a due timer: admitted at once, even when the backlog is full. A timer has no
+    /// offset to hold back and is bounded by its manager; holding it behind records would let
+    /// a busy partition delay its timers without limit.
+    pub fn offer_timer(&mut self, event: Event) -> Offer {
+        if self.revoked {
+            return Offer::Revoked;
+        }
+        self.admit(event)
+    }
+
     fn admit(&mut self, event: Event) -> Offer {
         self.backlog += 1;
         match self.keys.entry(event.key().clone()) {

@@ -5,7 +5,7 @@
 //!
 //! The memory backend keeps timers in the client's process, so a plain restart loses them
 //! (documented on `ProsodyClient::new`); the restart and rebalance cases give the clients one
-//! store through `ProsodyClient::with_timer_store`, as a durable backend would. The RocksDB and
+//! store through `ProsodyClient::with_timer_store`, as a durable backend would. The `RocksDB` and
 //! Cassandra suites run the same scenarios on their stores.
 
 #![allow(
@@ -375,7 +375,10 @@ async fn the_timers_api_through_real_records() {
 
     seen.until("every check recorded", Duration::from_secs(60), |seen| {
         let scheduled = seen.scheduled.lock();
-        scheduled.len() == 4 && scheduled.get("retried").is_some_and(|times| times == &[t(8)])
+        scheduled.len() == 4
+            && scheduled
+                .get("retried")
+                .is_some_and(|times| times == &[t(8)])
     })
     .await;
     client.shutdown().await.expect("shutdown");
@@ -465,7 +468,11 @@ async fn pending_timers_fire_after_a_restart_on_a_store_that_outlives_the_client
     let fired = seen.fired.lock().clone();
     assert_eq!(fired.len(), usize::try_from(KEYS).unwrap());
     assert!(fired.iter().all(|timer| timer.client == "second"));
-    assert!(fired.iter().all(|timer| timer.at >= timer.time.to_system_time()));
+    assert!(
+        fired
+            .iter()
+            .all(|timer| timer.at >= timer.time.to_system_time())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -531,7 +538,10 @@ async fn timers_of_moved_partitions_fire_on_the_new_owner_once() {
     let repeated: Vec<_> = counts.iter().filter(|(_, count)| **count > 1).collect();
     assert!(repeated.is_empty(), "fired twice: {repeated:?}");
     assert_eq!(counts.len(), total);
-    let by_second = fired.iter().filter(|timer| timer.client == "second").count();
+    let by_second = fired
+        .iter()
+        .filter(|timer| timer.client == "second")
+        .count();
     println!(
         "rebalance: {} timers fired once each, {by_second} by the client that joined",
         fired.len()
@@ -540,5 +550,9 @@ async fn timers_of_moved_partitions_fire_on_the_new_owner_once() {
         by_second > 0,
         "the joining client fired the timers of the partitions it took over"
     );
-    assert!(fired.iter().all(|timer| timer.at >= timer.time.to_system_time()));
+    assert!(
+        fired
+            .iter()
+            .all(|timer| timer.at >= timer.time.to_system_time())
+    );
 }

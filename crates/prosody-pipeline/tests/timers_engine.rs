@@ -142,7 +142,12 @@ impl EventHandler for Scripted {
         self.enter(&key);
         let started = Instant::now();
         let offset = message.offset.0;
-        let script = self.scripts.lock().get(&offset).cloned().unwrap_or_default();
+        let script = self
+            .scripts
+            .lock()
+            .get(&offset)
+            .cloned()
+            .unwrap_or_default();
         let attempt = {
             let mut seen = self.seen.lock();
             let count = seen.attempts.entry(offset).or_default();
@@ -191,7 +196,11 @@ impl EventHandler for Scripted {
         Ok(Value::Null)
     }
 
-    async fn on_timer(&self, context: &dyn EventContext, timer: &Timer) -> Result<(), HandlerError> {
+    async fn on_timer(
+        &self,
+        context: &dyn EventContext,
+        timer: &Timer,
+    ) -> Result<(), HandlerError> {
         let key = timer.key.to_string();
         self.enter(&key);
         let started = Instant::now();
@@ -314,10 +323,6 @@ impl Rig {
         self.handler.t(offset)
     }
 
-    fn scope(&self) -> PartitionScope {
-        PartitionScope::new(GROUP, TOPIC, Partition(0))
-    }
-
     /// Offers a record of `key` running `script`; returns its offset.
     fn send(&self, key: &str, script: Script) -> i64 {
         let offset = self.next_offset.fetch_add(1, Ordering::SeqCst);
@@ -396,7 +401,11 @@ impl Rig {
 
     async fn stored(&self, key: &str) -> Vec<TimerTime> {
         self.store
-            .scheduled(&self.scope(), &Key::from(key), TimerKind::Application)
+            .scheduled(
+                &PartitionScope::new(GROUP, TOPIC, Partition(0)),
+                &Key::from(key),
+                TimerKind::Application,
+            )
             .await
             .unwrap()
     }
@@ -423,7 +432,11 @@ async fn upsert_unschedule_clear_and_schedule_and_scheduled_lists_exactly_the_pe
         .await;
     rig.until_idle().await;
     let expected = vec![rig.t(100), rig.t(300)];
-    assert_eq!(rig.handler.seen.lock().scheduled[&first], expected, "the handler's view");
+    assert_eq!(
+        rig.handler.seen.lock().scheduled[&first],
+        expected,
+        "the handler's view"
+    );
     assert_eq!(rig.stored("a").await, expected, "the store after commit");
 
     let second = rig.send_ops("a", vec![Op::ClearAndSchedule(400)]);
@@ -479,7 +492,11 @@ async fn a_failed_attempts_timer_writes_never_land() {
     })
     .await;
     rig.until_idle().await;
-    assert_eq!(rig.stored("b").await, vec![rig.t(60)], "nothing of it landed");
+    assert_eq!(
+        rig.stored("b").await,
+        vec![rig.t(60)],
+        "nothing of it landed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,7 +507,8 @@ async fn timers_fire_once_never_early_and_leave_the_store_after_success() {
         rig.send_ops(&format!("k{index}"), vec![Op::Schedule(55 + index)]);
     }
     rig.send_ops("far", vec![Op::Schedule(10_000)]);
-    rig.until("scheduled", |seen| seen.scheduled.len() == 11).await;
+    rig.until("scheduled", |seen| seen.scheduled.len() == 11)
+        .await;
     rig.until_idle().await;
     let stats = rig.timers.stats(&rig.partition).unwrap();
     assert_eq!(
@@ -507,9 +525,9 @@ async fn timers_fire_once_never_early_and_leave_the_store_after_success() {
         .await;
     }
     rig.until_idle().await;
-    let seen = rig.handler.seen.lock();
-    assert_eq!(seen.fired.len(), 10, "each timer once: {:?}", seen.fired);
-    for fired in &seen.fired {
+    let fired_timers = rig.handler.seen.lock().fired.clone();
+    assert_eq!(fired_timers.len(), 10, "each timer once: {fired_timers:?}");
+    for fired in &fired_timers {
         assert!(
             fired.clock >= fired.time.to_system_time(),
             "fired early: {fired:?}"
@@ -519,7 +537,6 @@ async fn timers_fire_once_never_early_and_leave_the_store_after_success() {
             "the firing timer is not pending in its own handler: {fired:?}"
         );
     }
-    drop(seen);
     for index in 0..10 {
         assert_eq!(rig.stored(&format!("k{index}")).await, vec![]);
     }
@@ -531,10 +548,12 @@ async fn a_failing_timer_stays_stored_until_on_timer_succeeds() {
     let rig = rig();
     rig.handler.timer_failures.lock().insert("c".to_owned(), 2);
     rig.send_ops("c", vec![Op::Schedule(5)]);
-    rig.until("scheduled", |seen| seen.scheduled.len() == 1).await;
+    rig.until("scheduled", |seen| seen.scheduled.len() == 1)
+        .await;
     rig.until_idle().await;
     rig.advance_to(5);
-    rig.until("timer handled", |seen| !seen.fired.is_empty()).await;
+    rig.until("timer handled", |seen| !seen.fired.is_empty())
+        .await;
     rig.until_idle().await;
     assert_eq!(rig.handler.seen.lock().timer_attempts["c"], 3);
     assert_eq!(rig.stored("c").await, vec![]);
@@ -545,7 +564,8 @@ async fn a_failing_timer_stays_stored_until_on_timer_succeeds() {
 async fn a_keys_timer_waits_for_its_running_message() {
     let rig = rig();
     rig.send_ops("d", vec![Op::Schedule(3)]);
-    rig.until("scheduled", |seen| seen.scheduled.len() == 1).await;
+    rig.until("scheduled", |seen| seen.scheduled.len() == 1)
+        .await;
     rig.until_idle().await;
     let blocked = rig.send(
         "d",
@@ -572,7 +592,8 @@ async fn a_keys_timer_waits_for_its_running_message() {
     .expect("timer queued behind the message");
     assert!(rig.handler.seen.lock().fired.is_empty());
     rig.handler.gate.add_permits(1);
-    rig.until("timer fired", |seen| !seen.fired.is_empty()).await;
+    rig.until("timer fired", |seen| !seen.fired.is_empty())
+        .await;
     let seen = rig.handler.seen.lock();
     assert!(!seen.overlapped);
     let message = seen
@@ -591,7 +612,8 @@ async fn clear_scheduled_in_on_excise_removes_the_keys_timers() {
     let rig = rig();
     rig.send_ops("gone", vec![Op::Schedule(3), Op::Schedule(4)]);
     rig.send_ops("kept", vec![Op::Schedule(3)]);
-    rig.until("scheduled", |seen| seen.scheduled.len() == 2).await;
+    rig.until("scheduled", |seen| seen.scheduled.len() == 2)
+        .await;
     rig.excise("gone");
     rig.until_idle().await;
     assert_eq!(rig.stored("gone").await, vec![]);
@@ -613,12 +635,18 @@ async fn a_revoked_partitions_timers_fire_on_the_next_owner_once() {
     for index in 0..20 {
         old.send_ops(&format!("m{index}"), vec![Op::Schedule(2 + index)]);
     }
-    old.until("scheduled", |seen| seen.scheduled.len() == 20).await;
+    old.until("scheduled", |seen| seen.scheduled.len() == 20)
+        .await;
     old.advance_to(6);
     old.until("five fired on the old owner", |seen| seen.fired.len() >= 5)
         .await;
-    old.engine.revoke(std::slice::from_ref(&old.partition)).await;
-    assert!(old.timers.stats(&old.partition).is_none(), "manager stopped");
+    old.engine
+        .revoke(std::slice::from_ref(&old.partition))
+        .await;
+    assert!(
+        old.timers.stats(&old.partition).is_none(),
+        "manager stopped"
+    );
     let fired_by_old = old.handler.seen.lock().fired.len();
 
     let new = rig_with(store, clock);
@@ -637,7 +665,11 @@ async fn a_revoked_partitions_timers_fire_on_the_next_owner_once() {
         .chain(new.handler.seen.lock().fired.iter())
         .map(|fired| fired.key.clone())
         .collect();
-    assert_eq!(old.handler.seen.lock().fired.len(), fired_by_old, "old owner stopped firing");
+    assert_eq!(
+        old.handler.seen.lock().fired.len(),
+        fired_by_old,
+        "old owner stopped firing"
+    );
     keys.sort();
     let mut expected: Vec<String> = (0..20).map(|index| format!("m{index}")).collect();
     expected.sort();

@@ -118,10 +118,7 @@ impl PartitionTimers {
                 }
                 continue;
             }
-            let due = self
-                .queue
-                .lock()
-                .take_due(now, self.settings.max_in_flight);
+            let due = self.queue.lock().take_due(now, self.settings.max_in_flight);
             for timer in due {
                 if !sink.fire(self.fired(timer)) {
                     // The engine dropped the partition: a revocation is stopping this task.
@@ -133,7 +130,9 @@ impl PartitionTimers {
             let delay = self
                 .next_wake()
                 .map_or(self.settings.recheck_interval, |wake_at| {
-                    wake_at.duration_since(clock.now()).unwrap_or(Duration::ZERO)
+                    wake_at
+                        .duration_since(clock.now())
+                        .unwrap_or(Duration::ZERO)
                 })
                 .min(self.settings.recheck_interval);
             if !self.sleep(delay).await {

@@ -163,11 +163,7 @@ impl Timers {
             self.inner.settings,
         ));
         partitions.insert(partition.clone(), manager.clone());
-        runtime.spawn(manager.run(
-            self.inner.store.clone(),
-            self.inner.clock.clone(),
-            sink,
-        ));
+        runtime.spawn(manager.run(self.inner.store.clone(), self.inner.clock.clone(), sink));
     }
 
     /// Stops the manager of a partition being revoked: it fires nothing from now on.
@@ -205,7 +201,13 @@ impl Timers {
     }
 
     /// Mirrors a write that landed in the store into the partition's manager.
-    pub(crate) fn applied(&self, topic: &Topic, partition: Partition, key: &Key, write: &TimerWrite) {
+    pub(crate) fn applied(
+        &self,
+        topic: &Topic,
+        partition: Partition,
+        key: &Key,
+        write: &TimerWrite,
+    ) {
         if let Some(manager) = self.manager(topic, partition) {
             manager.apply(key, write);
         }

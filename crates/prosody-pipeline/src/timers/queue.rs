@@ -217,10 +217,7 @@ impl TimerQueue {
     }
 
     fn cleared(&mut self, key: &Key, kind: TimerKind) {
-        let times = self
-            .by_key
-            .remove(&(key.clone(), kind))
-            .unwrap_or_default();
+        let times = self.by_key.remove(&(key.clone(), kind)).unwrap_or_default();
         for time in times {
             self.pending.remove(&StoredTimer {
                 time,
@@ -350,7 +347,9 @@ impl TimerQueue {
         };
         self.load = Some(Load {
             plan: plan.clone(),
-            target: self.frontier.map_or(target, |frontier| frontier.max(target)),
+            target: self
+                .frontier
+                .map_or(target, |frontier| frontier.max(target)),
             tombstones: HashSet::new(),
             cleared: HashSet::new(),
             buffered: Vec::new(),
@@ -456,7 +455,11 @@ mod tests {
 
     #[test]
     fn first_load_reads_through_the_next_slab_and_fires_only_due_timers() {
-        let mut queue = loaded(100, 150, &[timer(120, "a"), timer(160, "b"), timer(250, "c")]);
+        let mut queue = loaded(
+            100,
+            150,
+            &[timer(120, "a"), timer(160, "b"), timer(250, "c")],
+        );
         assert_eq!(queue.frontier(), Some(SlabId(2)), "slabs 0..=2 read");
         assert_eq!(keys(&queue.take_due(t(150), 10)), vec![(120, "a".into())]);
         assert!(queue.take_due(t(159), 10).is_empty(), "nothing early");
@@ -483,7 +486,11 @@ mod tests {
         queue.apply(&key, &TimerWrite::Schedule(APP, t(170)));
         queue.apply(&key, &TimerWrite::Schedule(APP, t(170)));
         queue.apply(&key, &TimerWrite::Schedule(APP, t(999)));
-        assert_eq!(queue.pending(), 1, "upsert, and the far future stays in the store");
+        assert_eq!(
+            queue.pending(),
+            1,
+            "upsert, and the far future stays in the store"
+        );
         queue.apply(&key, &TimerWrite::ClearAndSchedule(APP, t(180)));
         assert_eq!(queue.next_due(10), Some(t(180)));
         queue.apply(&key, &TimerWrite::Unschedule(APP, t(180)));
@@ -502,7 +509,11 @@ mod tests {
 
     #[test]
     fn firing_is_bounded_and_a_rescheduled_firing_timer_waits_for_itself() {
-        let mut queue = loaded(100, 150, &[timer(110, "a"), timer(111, "b"), timer(112, "c")]);
+        let mut queue = loaded(
+            100,
+            150,
+            &[timer(110, "a"), timer(111, "b"), timer(112, "c")],
+        );
         let fired = queue.take_due(t(150), 2);
         assert_eq!(fired.len(), 2);
         assert_eq!(queue.next_due(2), None, "at the firing limit");
@@ -605,7 +616,11 @@ mod tests {
         queue.end_load(LoadEnd::StoppedAt(SlabId(1)));
         assert!(queue.is_truncated());
         queue.apply(&Key::from("k"), &TimerWrite::Schedule(APP, t(160)));
-        assert_eq!(queue.pending(), 1, "slab 1 is not loaded: left to the store");
+        assert_eq!(
+            queue.pending(),
+            1,
+            "slab 1 is not loaded: left to the store"
+        );
         let refill = queue.begin_load(t(150)).unwrap();
         assert_eq!(refill.from, SlabId(1));
         assert_eq!(refill.through, plan.through);

@@ -143,8 +143,7 @@ impl StagedTimers {
                 store.clear_and_schedule(scope, key, kind, time).await?;
             }
         }
-        self.timers
-            .applied(&self.topic, self.partition, key, write);
+        self.timers.applied(&self.topic, self.partition, key, write);
         Ok(())
     }
 }

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use prosody_api::storage::TimerStore;
 use prosody_api::{EventHandler, SlabSize, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{KafkaFlowControl, PollLoop, PollSettings};
-use prosody_pipeline::consumer::{Engine, EngineLimits, Load};
+use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::{HandlerDispatch, RetryPolicy};
 use prosody_pipeline::kafka::decode::DecodeLimits;
 use prosody_pipeline::kafka::mock::MockKafka;
 use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
 use prosody_pipeline::probes::{HealthRegistry, ProbeConfig, ProbeServer};
-use prosody_pipeline::timers::{TimerSettings, Timers};
+use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
 use serde_json::Value;
 use storage_memory::MemoryTimerStore;
 use tokio::runtime::Handle;
@@ -389,6 +389,19 @@ impl ProsodyClient {
     #[must_use]
     pub fn load(&self) -> Option<Load> {
         self.inner.engine.lock().as_ref().map(Engine::load)
+    }
+
+    /// The in-memory timers of each assigned partition (loaded, firing, last slab read); empty
+    /// when not subscribed. For metrics, tests and the timer scale benchmark.
+    #[must_use]
+    pub fn timer_stats(&self) -> Vec<(TopicPartition, QueueStats)> {
+        self.inner
+            .engine
+            .lock()
+            .as_ref()
+            .and_then(Engine::timers)
+            .map(Timers::all_stats)
+            .unwrap_or_default()
     }
 
     async fn stop(&self, subscription: Subscription) {

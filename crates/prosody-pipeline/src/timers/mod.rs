@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use prosody_api::storage::{PartitionScope, StoredTimer, TimerStore};
-use prosody_api::{Clock, ConsumerGroup, Key, Partition, SlabId, Topic};
+use prosody_api::{Clock, ConsumerGroup, Key, Partition, SlabId, StorageError, Topic};
 use tokio::runtime::Handle;
 
 use self::manager::PartitionTimers;
@@ -200,17 +200,37 @@ impl Timers {
         }
     }
 
-    /// Mirrors a write that landed in the store into the partition's manager.
-    pub(crate) fn applied(
+    /// Writes `key`'s timers in the store now, unstaged, and mirrors the write into the
+    /// partition's manager. Handlers' writes go through [`StagedTimers`] instead; this is for
+    /// middleware whose writes must land whatever the attempt's outcome (the defer layer's
+    /// [`TimerKind::DeferRetry`](prosody_api::TimerKind::DeferRetry) timers).
+    ///
+    /// # Errors
+    /// The store's error; nothing is mirrored then.
+    pub async fn write_now(
         &self,
         topic: &Topic,
         partition: Partition,
         key: &Key,
         write: &TimerWrite,
-    ) {
+    ) -> Result<(), StorageError> {
+        let store = self.store();
+        let scope = self.scope(topic, partition);
+        match *write {
+            TimerWrite::Schedule(kind, time) => store.schedule(&scope, key, kind, time).await?,
+            TimerWrite::Unschedule(kind, time) => {
+                store.unschedule(&scope, key, kind, time).await?;
+            }
+            TimerWrite::Clear(kind) => store.clear(&scope, key, kind).await?,
+            TimerWrite::ClearAndSchedule(kind, time) => {
+                store.clear_and_schedule(&scope, key, kind, time).await?;
+            }
+        }
+        // After the store: a manager loading meanwhile either listed the write or sees it now.
         if let Some(manager) = self.manager(topic, partition) {
             manager.apply(key, write);
         }
+        Ok(())
     }
 
     /// A staging buffer for one attempt on `event`: the timers API of its context.
@@ -228,6 +248,17 @@ impl Timers {
             event.key().clone(),
             fired,
         )
+    }
+
+    /// A snapshot of every running manager's in-memory timers.
+    #[must_use]
+    pub fn all_stats(&self) -> Vec<(TopicPartition, QueueStats)> {
+        self.inner
+            .partitions
+            .lock()
+            .iter()
+            .map(|(partition, manager)| (partition.clone(), manager.stats()))
+            .collect()
     }
 
     /// A snapshot of a partition's in-memory timers; `None` when it has no manager.

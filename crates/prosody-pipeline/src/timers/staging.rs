@@ -17,6 +17,7 @@ pub struct StagedTimers {
     timers: Timers,
     topic: Topic,
     partition: Partition,
+    /// Where reads go; writes go through [`Timers::write_now`] with the topic and partition.
     scope: PartitionScope,
     key: Key,
     /// The timer whose firing this attempt handles: it is removed when the event completes.
@@ -131,19 +132,8 @@ impl StagedTimers {
     }
 
     async fn write(&self, write: &TimerWrite) -> Result<(), StorageError> {
-        let store = self.timers.store();
-        let (scope, key) = (&self.scope, &self.key);
-        match *write {
-            TimerWrite::Schedule(kind, time) => store.schedule(scope, key, kind, time).await?,
-            TimerWrite::Unschedule(kind, time) => {
-                store.unschedule(scope, key, kind, time).await?;
-            }
-            TimerWrite::Clear(kind) => store.clear(scope, key, kind).await?,
-            TimerWrite::ClearAndSchedule(kind, time) => {
-                store.clear_and_schedule(scope, key, kind, time).await?;
-            }
-        }
-        self.timers.applied(&self.topic, self.partition, key, write);
-        Ok(())
+        self.timers
+            .write_now(&self.topic, self.partition, &self.key, write)
+            .await
     }
 }

@@ -12,15 +12,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use prosody_api::storage::{PartitionScope, TimerStore};
+use prosody_api::storage::{PartitionScope, StoredTimer, TimerStore};
 use prosody_api::{
     Clock, EventContext, EventHandler, ExciseMessage, HandlerError, Headers, Key, ManualClock,
-    Message, Offset, Partition, SlabSize, Timer, TimerKind, TimerTime, Timestamp, Topic,
+    Message, Offset, Partition, SlabId, SlabSize, StorageError, Timer, TimerKind, TimerTime,
+    Timestamp, Topic,
 };
 use prosody_pipeline::consumer::{Engine, EngineLimits, FlowControl, TopicPartition};
 use prosody_pipeline::dispatch::{HandlerDispatch, RetryPolicy};
@@ -257,6 +258,11 @@ struct Rig {
 
 /// Slabs of 60 s, and a start aligned to a slab so cases can reason about slab boundaries.
 fn rig_with(store: MemoryTimerStore, clock: ManualClock) -> Rig {
+    rig_over(Arc::new(store.clone()), store, clock)
+}
+
+/// A rig whose runtime uses `timers_store` (which must keep its timers in `store`).
+fn rig_over(timers_store: Arc<dyn TimerStore>, store: MemoryTimerStore, clock: ManualClock) -> Rig {
     // Every rig counts seconds from the manual clock's fixed start (a multiple of 60), so two
     // rigs sharing a clock agree on what `t(n)` means.
     let base = ManualClock::DEFAULT_START_SECS;
@@ -270,7 +276,7 @@ fn rig_with(store: MemoryTimerStore, clock: ManualClock) -> Rig {
         changed: watch::channel(0).0,
     });
     let timers = Timers::new(
-        Arc::new(store.clone()),
+        timers_store,
         GROUP,
         Arc::new(clock.clone()),
         TimerSettings {
@@ -674,4 +680,159 @@ async fn a_revoked_partitions_timers_fire_on_the_next_owner_once() {
     let mut expected: Vec<String> = (0..20).map(|index| format!("m{index}")).collect();
     expected.sort();
     assert_eq!(keys, expected, "every timer fired once across both owners");
+}
+
+/// The memory store, failing its next `fail_loads` slab reads and `fail_writes` writes with a
+/// transient error.
+#[derive(Debug)]
+struct Flaky {
+    inner: MemoryTimerStore,
+    fail_loads: AtomicUsize,
+    fail_writes: AtomicUsize,
+}
+
+impl Flaky {
+    fn fail(counter: &AtomicUsize, operation: &'static str) -> Result<(), StorageError> {
+        let failing = counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if failing {
+            Err(StorageError::backend(operation, "scripted outage"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl TimerStore for Flaky {
+    fn slab_size(&self) -> SlabSize {
+        self.inner.slab_size()
+    }
+
+    async fn schedule(
+        &self,
+        scope: &PartitionScope,
+        key: &Key,
+        kind: TimerKind,
+        time: TimerTime,
+    ) -> Result<(), StorageError> {
+        Self::fail(&self.fail_writes, "timer.schedule")?;
+        self.inner.schedule(scope, key, kind, time).await
+    }
+
+    async fn clear_and_schedule(
+        &self,
+        scope: &PartitionScope,
+        key: &Key,
+        kind: TimerKind,
+        time: TimerTime,
+    ) -> Result<(), StorageError> {
+        Self::fail(&self.fail_writes, "timer.clear_and_schedule")?;
+        self.inner.clear_and_schedule(scope, key, kind, time).await
+    }
+
+    async fn unschedule(
+        &self,
+        scope: &PartitionScope,
+        key: &Key,
+        kind: TimerKind,
+        time: TimerTime,
+    ) -> Result<(), StorageError> {
+        Self::fail(&self.fail_writes, "timer.unschedule")?;
+        self.inner.unschedule(scope, key, kind, time).await
+    }
+
+    async fn clear(
+        &self,
+        scope: &PartitionScope,
+        key: &Key,
+        kind: TimerKind,
+    ) -> Result<(), StorageError> {
+        Self::fail(&self.fail_writes, "timer.clear")?;
+        self.inner.clear(scope, key, kind).await
+    }
+
+    async fn scheduled(
+        &self,
+        scope: &PartitionScope,
+        key: &Key,
+        kind: TimerKind,
+    ) -> Result<Vec<TimerTime>, StorageError> {
+        self.inner.scheduled(scope, key, kind).await
+    }
+
+    async fn slab(
+        &self,
+        scope: &PartitionScope,
+        slab: SlabId,
+    ) -> Result<Vec<StoredTimer>, StorageError> {
+        Self::fail(&self.fail_loads, "timer.slab")?;
+        self.inner.slab(scope, slab).await
+    }
+
+    async fn slabs(
+        &self,
+        scope: &PartitionScope,
+        until: SlabId,
+    ) -> Result<Vec<SlabId>, StorageError> {
+        self.inner.slabs(scope, until).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_failures_delay_timers_but_lose_nothing() {
+    let store = MemoryTimerStore::new(SlabSize::from_secs(60).unwrap());
+    let clock = ManualClock::new();
+    // Timers already stored when the partition is assigned, as after a restart.
+    let scope = PartitionScope::new(GROUP, TOPIC, Partition(0));
+    for index in 0..5_u64 {
+        store
+            .schedule(
+                &scope,
+                &Key::from(format!("s{index}").as_str()),
+                TimerKind::Application,
+                TimerTime::from_secs(ManualClock::DEFAULT_START_SECS + 1 + index),
+            )
+            .await
+            .unwrap();
+    }
+    let flaky = Arc::new(Flaky {
+        inner: store.clone(),
+        fail_loads: AtomicUsize::new(2),
+        fail_writes: AtomicUsize::new(0),
+    });
+    let rig = rig_over(flaky.clone(), store, clock);
+    rig.advance_to(10);
+    rig.until("stored timers fire after the loads recover", |seen| {
+        seen.fired.len() == 5
+    })
+    .await;
+    assert_eq!(
+        flaky.fail_loads.load(Ordering::SeqCst),
+        0,
+        "both failures hit"
+    );
+
+    // A commit that fails is a failed attempt: the handler runs again and its writes land
+    // once it succeeds.
+    flaky.fail_writes.store(1, Ordering::SeqCst);
+    let offset = rig.send_ops("w", vec![Op::Schedule(30)]);
+    rig.until("record handled", |seen| {
+        seen.scheduled.contains_key(&offset)
+    })
+    .await;
+    rig.until_idle().await;
+    assert_eq!(rig.handler.seen.lock().attempts[&offset], 2);
+    assert_eq!(rig.stored("w").await, vec![rig.t(30)]);
+    rig.advance_to(30);
+    rig.until("its timer fires", |seen| seen.fired.len() == 6)
+        .await;
+    rig.until_idle().await;
+    for index in 0..5 {
+        assert_eq!(rig.stored(&format!("s{index}")).await, vec![]);
+    }
+    assert_eq!(rig.stored("w").await, vec![]);
 }

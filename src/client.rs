@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use prosody_api::storage::TimerStore;
 use prosody_api::{EventHandler, SlabSize, SystemClock};
-use prosody_pipeline::consumer::poll_loop::{KafkaFlowControl, PollLoop, PollSettings};
+use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::{HandlerDispatch, RetryPolicy};
 use prosody_pipeline::kafka::decode::DecodeLimits;
@@ -259,7 +259,7 @@ impl ProsodyClient {
             )
             .with_timers(timers.clone()),
         );
-        let flow = Arc::new(KafkaFlowControl::default());
+        let flow = Arc::new(QueueFlowControl::default());
         let engine = Engine::with_timers(
             EngineLimits {
                 max_concurrency: config.consumer.max_concurrency.get(),

@@ -815,6 +815,8 @@ async fn store_failures_delay_timers_but_lose_nothing() {
         0,
         "both failures hit"
     );
+    // The fired timers' removals are writes too: let them land before failing the next one.
+    rig.until_idle().await;
 
     // A commit that fails is a failed attempt: the handler runs again and its writes land
     // once it succeeds.

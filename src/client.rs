@@ -3,20 +3,23 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use prosody_api::EventHandler;
+use prosody_api::storage::TimerStore;
+use prosody_api::{EventHandler, SlabSize, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
-use prosody_pipeline::consumer::{Engine, EngineLimits, Load};
+use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::{HandlerDispatch, RetryPolicy};
 use prosody_pipeline::kafka::decode::DecodeLimits;
 use prosody_pipeline::kafka::mock::MockKafka;
 use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
 use prosody_pipeline::probes::{HealthRegistry, ProbeConfig, ProbeServer};
+use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
 use serde_json::Value;
+use storage_memory::MemoryTimerStore;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OnceCell};
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::config::{ClientOptions, Config};
+use crate::config::{ClientOptions, Config, StorageBackend};
 use crate::error::ClientError;
 
 /// Partitions of each subscribed topic that mock mode creates in its in-process cluster.
@@ -55,6 +58,7 @@ struct Inner {
     health: HealthRegistry,
     probe_address: parking_lot::Mutex<Option<SocketAddr>>,
     shutdown: OnceCell<()>,
+    timer_store: Arc<dyn TimerStore>,
     // Declared last so it is dropped after every client using it.
     _mock: Option<MockKafka>,
 }
@@ -78,13 +82,32 @@ impl ProsodyClient {
     /// Creates a client from a resolved configuration. In mock mode with no bootstrap servers
     /// it starts librdkafka's in-process mock cluster.
     ///
+    /// Timers are kept by the configured storage backend. With the memory backend (and in mock
+    /// mode) they live in this process only: a restart loses every pending timer, and another
+    /// client taking over a partition does not see them.
+    ///
     /// # Errors
     /// When the producer cannot be created or the mock cluster cannot start.
+    pub async fn new(config: Config) -> Result<Self, ClientError> {
+        let timer_store = default_timer_store(&config);
+        Self::with_timer_store(config, timer_store).await
+    }
+
+    /// Creates a client whose timers live in `timer_store` instead of the configured backend's.
+    /// Clients given the same store share their timers as clients of one durable backend do,
+    /// which lets a test move partitions (and their timers) between clients in one process.
+    /// The store's slab size wins over the configured `slabSizeMs`.
+    ///
+    /// # Errors
+    /// As for [`ProsodyClient::new`].
     #[allow(
         clippy::unused_async,
         reason = "the public contract is async: storage backends connect here"
     )]
-    pub async fn new(config: Config) -> Result<Self, ClientError> {
+    pub async fn with_timer_store(
+        config: Config,
+        timer_store: Arc<dyn TimerStore>,
+    ) -> Result<Self, ClientError> {
         let mock = if config.kafka.mock && config.kafka.bootstrap_servers.is_empty() {
             let mock = MockKafka::start(1).map_err(ClientError::kafka)?;
             // The in-process cluster starts empty and has no admin API: create the topics the
@@ -125,6 +148,7 @@ impl ProsodyClient {
                 health: HealthRegistry::new(),
                 probe_address: parking_lot::Mutex::new(None),
                 shutdown: OnceCell::new(),
+                timer_store,
                 _mock: mock,
             }),
         })
@@ -134,6 +158,12 @@ impl ProsodyClient {
     #[must_use]
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The store that keeps this client's timers.
+    #[must_use]
+    pub fn timer_store(&self) -> &Arc<dyn TimerStore> {
+        &self.inner.timer_store
     }
 
     /// The bootstrap servers in use (the mock cluster's in mock mode).
@@ -209,15 +239,28 @@ impl ProsodyClient {
         if config.consumer.subscribed_topics.is_empty() {
             return Err(ClientError::NoTopics);
         }
-        let dispatch = Arc::new(HandlerDispatch::new(
-            Arc::new(handler),
-            RetryPolicy {
-                base: config.failure.retry.base,
-                max_delay: config.failure.retry.max_delay,
+        let timers = Timers::new(
+            self.inner.timer_store.clone(),
+            config.kafka.group_id.clone(),
+            Arc::new(SystemClock),
+            TimerSettings {
+                // A burst of due timers may occupy the key queues as much as records may.
+                max_in_flight: config.consumer.max_uncommitted.get(),
+                ..TimerSettings::default()
             },
-        ));
+        );
+        let dispatch = Arc::new(
+            HandlerDispatch::new(
+                Arc::new(handler),
+                RetryPolicy {
+                    base: config.failure.retry.base,
+                    max_delay: config.failure.retry.max_delay,
+                },
+            )
+            .with_timers(timers.clone()),
+        );
         let flow = Arc::new(QueueFlowControl::default());
-        let engine = Engine::new(
+        let engine = Engine::with_timers(
             EngineLimits {
                 max_concurrency: config.consumer.max_concurrency.get(),
                 max_uncommitted: config.consumer.max_uncommitted.get(),
@@ -227,6 +270,7 @@ impl ProsodyClient {
             flow.clone(),
             self.inner.health.clone(),
             Handle::current(),
+            timers,
         );
         let settings = PollSettings {
             bootstrap_servers: self.inner.bootstrap_servers.clone(),
@@ -347,6 +391,19 @@ impl ProsodyClient {
         self.inner.engine.lock().as_ref().map(Engine::load)
     }
 
+    /// The in-memory timers of each assigned partition (loaded, firing, last slab read); empty
+    /// when not subscribed. For metrics, tests and the timer scale benchmark.
+    #[must_use]
+    pub fn timer_stats(&self) -> Vec<(TopicPartition, QueueStats)> {
+        self.inner
+            .engine
+            .lock()
+            .as_ref()
+            .and_then(Engine::timers)
+            .map(Timers::all_stats)
+            .unwrap_or_default()
+    }
+
     async fn stop(&self, subscription: Subscription) {
         let Subscription { poll, probes } = subscription;
         poll.stop().await;
@@ -366,4 +423,23 @@ impl ProsodyClient {
             Ok(())
         }
     }
+}
+
+/// The timer store of the configured backend.
+fn default_timer_store(config: &Config) -> Arc<dyn TimerStore> {
+    // Validated at configuration time: a whole number of seconds, at least one.
+    let slab_size = u32::try_from(config.timers.slab_size.as_secs())
+        .ok()
+        .and_then(SlabSize::from_secs)
+        .unwrap_or_default();
+    if config.storage.backend != StorageBackend::Memory {
+        // Until the durable backends are wired into the client, say loudly that timers will
+        // not survive a restart rather than fail a configuration that is otherwise valid.
+        warn!(
+            backend = ?config.storage.backend,
+            "durable timer storage is not wired into the client yet: timers are kept in memory \
+             and are lost on restart"
+        );
+    }
+    Arc::new(MemoryTimerStore::new(slab_size))
 }

@@ -10,5 +10,6 @@ pub mod dispatch;
 pub mod event;
 pub mod kafka;
 pub mod probes;
+pub mod timers;
 
-pub use event::Event;
+pub use event::{Event, FiredTimer};

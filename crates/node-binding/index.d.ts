@@ -243,10 +243,16 @@ export interface Context {
   state<P>(definition: MessageDequeDefinition<P>): DequeState<Message<P>>;
 }
 
+/**
+ * What `onMessage`/`onExcise` return: `MaybePromise<R & JsonCompatible<R>>`, written so that
+ * `subscribe` infers `R` from the promise's value rather than from the promise itself.
+ */
+type HandlerResult<R> = PromiseLike<R & JsonCompatible<R>> | NoInfer<R & JsonCompatible<R>>;
+
 /** Handles messages, excise records and timers. All three methods are required. */
 export interface EventHandler<P = JsonValue, R = JsonValue> {
-  onMessage(context: Context, message: Message<P>, signal: AbortSignal): MaybePromise<R & JsonCompatible<R>>;
-  onExcise(context: Context, message: ExciseMessage, signal: AbortSignal): MaybePromise<R & JsonCompatible<R>>;
+  onMessage(context: Context, message: Message<P>, signal: AbortSignal): HandlerResult<R>;
+  onExcise(context: Context, message: ExciseMessage, signal: AbortSignal): HandlerResult<R>;
   onTimer(context: Context, timer: Timer, signal: AbortSignal): MaybePromise<void>;
 }
 

@@ -270,7 +270,9 @@ impl NativeClient {
     #[napi]
     #[must_use]
     pub fn probe_address(&self) -> Option<String> {
-        self.client.probe_address().map(|address| address.to_string())
+        self.client
+            .probe_address()
+            .map(|address| address.to_string())
     }
 
     /// The bootstrap servers in use (the in-process cluster's in mock mode).

@@ -71,7 +71,11 @@ mod tests {
 
     #[test]
     fn prefix_names_class_and_kind() {
-        let error = with_class(ErrorKind::Config, ErrorClass::Permanent, "maxConcurrency: bad");
+        let error = with_class(
+            ErrorKind::Config,
+            ErrorClass::Permanent,
+            "maxConcurrency: bad",
+        );
         assert_eq!(
             error.reason,
             "[prosody permanent config] maxConcurrency: bad"

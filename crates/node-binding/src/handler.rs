@@ -280,7 +280,11 @@ impl EventHandler for JsHandler {
         .await
     }
 
-    async fn on_timer(&self, context: &dyn EventContext, timer: &Timer) -> Result<(), JsHandlerError> {
+    async fn on_timer(
+        &self,
+        context: &dyn EventContext,
+        timer: &Timer,
+    ) -> Result<(), JsHandlerError> {
         let seconds = i64::try_from(timer.time.as_secs()).unwrap_or(i64::MAX);
         self.run(context, |id| {
             (

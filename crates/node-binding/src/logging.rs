@@ -27,7 +27,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 const LOG_QUEUE: usize = 4096;
 
 type LogArgs = (u32, String, String);
-type LogFn = ThreadsafeFunction<FnArgs<LogArgs>, (), FnArgs<LogArgs>, Status, false, true, LOG_QUEUE>;
+type LogFn =
+    ThreadsafeFunction<FnArgs<LogArgs>, (), FnArgs<LogArgs>, Status, false, true, LOG_QUEUE>;
 
 static SINK: LazyLock<RwLock<Option<LogFn>>> = LazyLock::new(|| RwLock::new(None));
 static INSTALL: Once = Once::new();
@@ -36,8 +37,8 @@ static INSTALL: Once = Once::new();
 /// installed first by the embedding process wins.
 pub fn install() {
     INSTALL.call_once(|| {
-        let filter = EnvFilter::try_from_env("PROSODY_LOG")
-            .unwrap_or_else(|_| EnvFilter::new("info"));
+        let filter =
+            EnvFilter::try_from_env("PROSODY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
         let _ = tracing_subscriber::registry()
             .with(filter)
             .with(JsLayer)

@@ -42,7 +42,8 @@ pub async fn drain(client: &ProsodyClient) {
     let servers = client.bootstrap_servers().to_owned();
     let group = config.kafka.group_id.clone();
     let budget = config.consumer.shutdown_timeout.min(MAX_DRAIN);
-    let waited = tokio::task::spawn_blocking(move || wait_caught_up(&servers, &group, &topics, budget));
+    let waited =
+        tokio::task::spawn_blocking(move || wait_caught_up(&servers, &group, &topics, budget));
     if let Ok(Err(error)) = waited.await {
         tracing::debug!(%error, "mock drain skipped");
     }
@@ -69,7 +70,10 @@ fn wait_caught_up(
     Ok(())
 }
 
-fn caught_up(consumer: &BaseConsumer, topics: &[String]) -> Result<bool, rdkafka::error::KafkaError> {
+fn caught_up(
+    consumer: &BaseConsumer,
+    topics: &[String],
+) -> Result<bool, rdkafka::error::KafkaError> {
     let mut partitions = TopicPartitionList::new();
     for topic in topics {
         let metadata = consumer.fetch_metadata(Some(topic), CALL_TIMEOUT)?;

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use prosody_api::EventHandler;
-use prosody_pipeline::consumer::poll_loop::{KafkaFlowControl, PollLoop, PollSettings};
+use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load};
 use prosody_pipeline::dispatch::{HandlerDispatch, RetryPolicy};
 use prosody_pipeline::kafka::decode::DecodeLimits;
@@ -216,7 +216,7 @@ impl ProsodyClient {
                 max_delay: config.failure.retry.max_delay,
             },
         ));
-        let flow = Arc::new(KafkaFlowControl::default());
+        let flow = Arc::new(QueueFlowControl::default());
         let engine = Engine::new(
             EngineLimits {
                 max_concurrency: config.consumer.max_concurrency.get(),

@@ -5,6 +5,8 @@ pub mod offsets;
 pub mod partition;
 pub mod poll_loop;
 pub mod topic_partition;
+pub mod wakeup;
+pub mod work;
 
 pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome};
 pub use topic_partition::TopicPartition;

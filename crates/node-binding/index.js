@@ -290,6 +290,30 @@ class Context {
 const MESSAGE = 0;
 const EXCISE = 1;
 
+// Settled handlers waiting to be reported to Rust in one call.
+let settledOk = [];
+let settledOther = [];
+let flushQueued = false;
+
+function flushSettled() {
+  flushQueued = false;
+  const ok = Uint32Array.from(settledOk);
+  const others = settledOther.length > 0 ? JSON.stringify(settledOther) : null;
+  settledOk = [];
+  settledOther = [];
+  native.completeEvents(ok, others);
+}
+
+function settle(id, reply) {
+  attempts.delete(id);
+  if (reply === undefined) settledOk.push(id);
+  else settledOther.push([id, reply.response ?? null, reply.error ?? null, reply.permanent === true]);
+  if (!flushQueued) {
+    flushQueued = true;
+    queueMicrotask(flushSettled);
+  }
+}
+
 function success(kind, value) {
   if (kind > EXCISE || value === undefined || value === null) return undefined;
   let response;
@@ -308,37 +332,43 @@ function failure(error) {
   return { error: describeError(error), permanent: classifyPermanent(error) };
 }
 
-/** The function Rust calls for every event; it never throws and never rejects. */
-function dispatcher(handler) {
-  return function dispatch(kind, id, key, topic, partition, offset, timestamp, payload) {
-    const attempt = new Attempt();
-    attempts.set(id, attempt);
-    const context = new Context(id, attempt);
-    let result;
-    try {
-      if (kind === MESSAGE) {
-        const message = { topic, partition, offset, timestamp: new Date(timestamp), key, payload: JSON.parse(payload) };
-        result = handler.onMessage(context, message, attempt.signal);
-      } else if (kind === EXCISE) {
-        const message = { topic, partition, offset, timestamp: new Date(timestamp), key };
-        result = handler.onExcise(context, message, attempt.signal);
-      } else {
-        result = handler.onTimer(context, { key, time: new Date(timestamp) }, attempt.signal);
-      }
-    } catch (error) {
-      attempts.delete(id);
-      return Promise.resolve(failure(error));
+function start(handler, event) {
+  const kind = event[0];
+  const id = event[1];
+  const attempt = new Attempt();
+  attempts.set(id, attempt);
+  const context = new Context(id, attempt);
+  let result;
+  try {
+    if (kind === MESSAGE) {
+      const [, , key, topic, partition, offset, timestamp, payload] = event;
+      const message = { topic, partition, offset, timestamp: new Date(timestamp), key, payload };
+      result = handler.onMessage(context, message, attempt.signal);
+    } else if (kind === EXCISE) {
+      const [, , key, topic, partition, offset, timestamp] = event;
+      result = handler.onExcise(context, { topic, partition, offset, timestamp: new Date(timestamp), key }, attempt.signal);
+    } else {
+      const [, , key, time] = event;
+      result = handler.onTimer(context, { key, time: new Date(time) }, attempt.signal);
     }
-    return Promise.resolve(result).then(
-      (value) => {
-        attempts.delete(id);
-        return success(kind, value);
-      },
-      (error) => {
-        attempts.delete(id);
-        return failure(error);
-      },
+  } catch (error) {
+    settle(id, failure(error));
+    return;
+  }
+  if (result !== null && typeof result === "object" && typeof result.then === "function") {
+    result.then(
+      (value) => settle(id, success(kind, value)),
+      (error) => settle(id, failure(error)),
     );
+  } else {
+    settle(id, success(kind, result));
+  }
+}
+
+/** The function Rust calls with each batch of events (JSON text); it never throws. */
+function deliverer(handler) {
+  return function deliver(batch) {
+    for (const event of JSON.parse(batch)) start(handler, event);
   };
 }
 
@@ -414,7 +444,7 @@ class ProsodyClient {
         `the event handler is missing ${missing.join(", ")}: every handler must define onMessage, onExcise and onTimer`,
       );
     }
-    await call(() => this.#native.subscribe(dispatcher(eventHandler), abortAttempt));
+    await call(() => this.#native.subscribe(deliverer(eventHandler), abortAttempt));
   }
 
   /** Stops consuming; the client can subscribe again. */

@@ -66,7 +66,10 @@ async function benchProsody() {
     },
     async onTimer() {},
   });
+  const elu = require("node:perf_hooks").performance.eventLoopUtilization();
   const ended = await done;
+  const used = require("node:perf_hooks").performance.eventLoopUtilization(elu);
+  if (process.env.BENCH_VERBOSE) console.log(`prosody event-loop utilization: ${(used.utilization * 100).toFixed(0)}%`);
   await client.shutdown();
   return rate(started, ended);
 }

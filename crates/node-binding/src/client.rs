@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use napi::Env;
-use napi::bindgen_prelude::{AsyncBlock, AsyncBlockBuilder, FnArgs, Function, Promise};
+use napi::bindgen_prelude::{AsyncBlock, AsyncBlockBuilder, Function};
 use napi_derive::napi;
 use parking_lot::Mutex;
 use prosody::api::ErrorClass;
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cancel::CancelToken;
 use crate::errors::{ErrorKind, cancelled, classified, with_class};
-use crate::handler::{Bridge, DispatchArgs, HandlerReply, JsHandler};
+use crate::handler::{Batch, Bridge, JsHandler};
 
 /// A Prosody client. Created by [`create_client`].
 #[napi]
@@ -167,7 +167,7 @@ impl NativeClient {
         .build(&env)
     }
 
-    /// Starts consuming with the JavaScript `dispatch` function (see [`crate::handler`]);
+    /// Starts consuming: batches of events go to `deliver(batchJson)` (see [`crate::handler`]);
     /// `abort(id)` aborts the signal of attempt `id`.
     ///
     /// # Errors
@@ -176,17 +176,19 @@ impl NativeClient {
     pub fn subscribe(
         &self,
         env: Env,
-        dispatch: Function<'_, FnArgs<DispatchArgs>, Promise<Option<HandlerReply>>>,
+        deliver: Function<'_, String, ()>,
         abort: Function<'_, u32, ()>,
     ) -> napi::Result<AsyncBlock<()>> {
-        let dispatch = dispatch
-            .build_threadsafe_function::<FnArgs<DispatchArgs>>()
-            .build()?;
+        let batch = Arc::new(Mutex::new(Batch::default()));
+        let taken = batch.clone();
+        let deliver = deliver
+            .build_threadsafe_function::<()>()
+            .build_callback(move |_| Ok(taken.lock().take()))?;
         let abort = abort
             .build_threadsafe_function::<u32>()
             .weak::<true>()
             .build()?;
-        let bridge = Arc::new(Bridge::new(dispatch, abort));
+        let bridge = Arc::new(Bridge::new(batch, deliver, abort));
         let client = self.client.clone();
         let slot = self.bridge.clone();
         AsyncBlockBuilder::new(async move {

@@ -69,7 +69,12 @@ impl ContextRequest {
 struct Slot {
     requests: mpsc::Sender<ContextRequest>,
     cancelled: Arc<AtomicBool>,
+    done: Option<oneshot::Sender<Completion>>,
 }
+
+/// How JavaScript reported the end of an attempt's handler: `None` when it answered
+/// `null`/`undefined`, else the reply (an answer or a classified failure).
+pub type Completion = Option<crate::handler::HandlerReply>;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 static LIVE: LazyLock<Mutex<HashMap<u32, Slot>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -82,10 +87,16 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    /// Registers a new attempt and returns it with the receiving end of its request channel.
+    /// Registers a new attempt and returns it with the receiving end of its request channel and
+    /// the receiver of its completion (see [`complete`]).
     #[must_use]
-    pub fn open() -> (Self, mpsc::Receiver<ContextRequest>) {
+    pub fn open() -> (
+        Self,
+        mpsc::Receiver<ContextRequest>,
+        oneshot::Receiver<Completion>,
+    ) {
         let (requests, receiver) = mpsc::channel(REQUEST_QUEUE);
+        let (done, completion) = oneshot::channel();
         let cancelled = Arc::new(AtomicBool::new(false));
         let mut live = LIVE.lock();
         let mut id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -98,9 +109,10 @@ impl Attempt {
             Slot {
                 requests,
                 cancelled: cancelled.clone(),
+                done: Some(done),
             },
         );
-        (Self { id, cancelled }, receiver)
+        (Self { id, cancelled }, receiver, completion)
     }
 
     /// The id JavaScript names this attempt by.
@@ -118,6 +130,17 @@ impl Attempt {
 impl Drop for Attempt {
     fn drop(&mut self) {
         LIVE.lock().remove(&self.id);
+    }
+}
+
+/// Completes attempts: each `(id, completion)` is delivered to the attempt's waiting future.
+/// Unknown ids (attempts that already ended, e.g. after a cancellation) are ignored.
+pub fn complete(completions: impl IntoIterator<Item = (u32, Completion)>) {
+    let mut live = LIVE.lock();
+    for (id, completion) in completions {
+        if let Some(done) = live.get_mut(&id).and_then(|slot| slot.done.take()) {
+            let _ = done.send(completion);
+        }
     }
 }
 
@@ -184,8 +207,10 @@ mod tests {
 
     #[test]
     fn ended_attempts_report_cancel_and_are_gone() {
-        let (attempt, _requests) = Attempt::open();
+        let (attempt, _requests, completion) = Attempt::open();
         let id = attempt.id();
+        complete([(id, None)]);
+        assert_eq!(completion.blocking_recv().ok(), Some(None));
         assert!(!context_should_cancel(id));
         attempt.mark_cancelled();
         assert!(context_should_cancel(id));
@@ -196,8 +221,8 @@ mod tests {
 
     #[test]
     fn ids_are_distinct() {
-        let (first, _a) = Attempt::open();
-        let (second, _b) = Attempt::open();
+        let (first, _a, _c) = Attempt::open();
+        let (second, _b, _d) = Attempt::open();
         assert_ne!(first.id(), second.id());
     }
 }

@@ -1,44 +1,46 @@
 //! The [`EventHandler`] that runs a JavaScript handler.
 //!
-//! Every event becomes one call of a JavaScript dispatch function through a napi
-//! [`ThreadsafeFunction`]: the call is queued to the Node.js event loop, the function starts the
-//! application's `onMessage`/`onExcise`/`onTimer` and returns its promise, and this side awaits
-//! that promise. Because the pipeline never starts a key's next event before the previous
-//! handler future finished, and that future finishes only when the promise settled, one key's
-//! JavaScript handlers never overlap, while handlers of different keys are all pending on the
-//! event loop at once.
+//! Events reach JavaScript in batches. An attempt registers itself (see [`crate::context`]),
+//! appends its event, already encoded as a JSON array, to the bridge's pending batch and, if no
+//! delivery is scheduled yet, schedules one napi [`ThreadsafeFunction`] call. That call runs on
+//! the Node.js thread, takes the whole pending batch in one string and hands it to the
+//! JavaScript `deliver(batch)` function, which parses it with one `JSON.parse` (payloads
+//! included) and starts the application's `onMessage`/`onExcise`/`onTimer` for each event.
+//! When a handler's promise settles, `index.js` reports it, again batched, through
+//! `completeEvents`, which wakes the attempt's future. Per event this costs no napi call at all
+//! on the hot path, only a share of one call per batch in each direction.
 //!
-//! While the promise is pending the attempt's future also serves the context requests the
-//! handler makes (see [`crate::context`]) and watches for cancellation: when the pipeline
-//! cancels the attempt (timeout, revocation, shutdown) it flags `context.shouldCancel` and asks
-//! JavaScript to abort the handler's `AbortSignal`.
+//! The pipeline never starts a key's next event before the previous handler future finished, and
+//! that future finishes only when the JavaScript promise settled, so one key's JavaScript handlers
+//! never overlap while handlers of different keys are all pending on the event loop at once.
 //!
-//! The dispatch function never throws or rejects: it settles with `undefined` (the handler
-//! answered `null`/`undefined`), with `{ response }` (the handler's answer as JSON text) or with
-//! `{ error, permanent }` (the handler threw; `permanent` was decided from the thrown value's
-//! class by `index.js`).
+//! While waiting, the attempt's future also serves the context requests the handler makes (see
+//! [`crate::context`]) and watches for cancellation: when the pipeline cancels the attempt
+//! (timeout, revocation, shutdown) it flags `context.shouldCancel` and asks JavaScript, through a
+//! second (weak) threadsafe function, to abort the handler's `AbortSignal`.
 
 use std::fmt;
+use std::mem;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use napi::Status;
-use napi::bindgen_prelude::{FnArgs, Promise};
+use napi::bindgen_prelude::Uint32Array;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
-use parking_lot::RwLock;
+use parking_lot::Mutex;
 use prosody::api::{
     ClassifyError, ErrorClass, EventContext, EventHandler, ExciseMessage, Message, Timer,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::context::Attempt;
+use crate::context::{Attempt, complete};
 
-/// What kind of event a dispatch call carries (the first argument).
+/// What kind of event a batch entry carries (its first element).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
+#[repr(u8)]
 pub enum EventKind {
     /// `onMessage(context, message, signal)`.
     Message = 0,
@@ -48,17 +50,9 @@ pub enum EventKind {
     Timer = 2,
 }
 
-/// The arguments of one dispatch call: kind, attempt id, key, topic, partition, offset,
-/// timestamp (ms since the epoch; a timer's time), payload as JSON text (messages only).
-///
-/// Plain values rather than one object: napi creates each with one call, and `index.js` builds
-/// the message object (and parses the payload with `JSON.parse`) itself, which is far cheaper
-/// than building it property by property across the boundary.
-pub type DispatchArgs = (u32, u32, String, String, i32, i64, f64, Option<String>);
-
-/// How the JavaScript dispatch function settles when it does not settle with `undefined`.
+/// How a handler ended when it did not simply answer `null`/`undefined`.
 #[napi(object)]
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct HandlerReply {
     /// The handler's answer as JSON text.
     pub response: Option<String>,
@@ -68,14 +62,8 @@ pub struct HandlerReply {
     pub permanent: Option<bool>,
 }
 
-/// The JavaScript dispatch function.
-pub type DispatchFn = ThreadsafeFunction<
-    FnArgs<DispatchArgs>,
-    Promise<Option<HandlerReply>>,
-    FnArgs<DispatchArgs>,
-    Status,
-    false,
->;
+/// The JavaScript `deliver(batch)` function; the batch text is taken on the Node.js thread.
+pub type DeliverFn = ThreadsafeFunction<(), (), String, Status, false>;
 
 /// The JavaScript function that aborts the `AbortSignal` of an attempt id. Weak: a pending
 /// abort never keeps the process alive.
@@ -111,27 +99,121 @@ impl ClassifyError for JsHandlerError {
     }
 }
 
-/// The threadsafe functions of the current subscription. Cleared on unsubscribe and shutdown so
-/// the Node.js process is no longer kept alive by them, even if the pipeline still holds the
-/// handler for a moment.
+/// Events waiting for the next delivery, and whether one is scheduled.
 #[derive(Default)]
+pub struct Batch {
+    events: Vec<(u32, String)>,
+    scheduled: bool,
+}
+
+impl Batch {
+    /// Takes every waiting event as one JSON array text; the next event schedules a delivery.
+    pub fn take(&mut self) -> String {
+        self.scheduled = false;
+        let events = mem::take(&mut self.events);
+        let mut text =
+            String::with_capacity(events.iter().map(|(_, e)| e.len() + 1).sum::<usize>() + 2);
+        text.push('[');
+        for (index, (_, event)) in events.iter().enumerate() {
+            if index > 0 {
+                text.push(',');
+            }
+            text.push_str(event);
+        }
+        text.push(']');
+        text
+    }
+}
+
+/// The JavaScript side of the current subscription. Released on unsubscribe and shutdown so the
+/// Node.js process is no longer kept alive by it, even if the pipeline still holds the handler.
 pub struct Bridge {
-    functions: RwLock<Option<(Arc<DispatchFn>, Arc<AbortFn>)>>,
+    batch: Arc<Mutex<Batch>>,
+    functions: Mutex<Option<(Arc<DeliverFn>, Arc<AbortFn>)>>,
 }
 
 impl Bridge {
-    /// A bridge to `dispatch` and `abort`.
+    /// A bridge delivering `batch` through `deliver` and aborting through `abort`.
     #[must_use]
-    pub fn new(dispatch: DispatchFn, abort: AbortFn) -> Self {
+    pub fn new(batch: Arc<Mutex<Batch>>, deliver: DeliverFn, abort: AbortFn) -> Self {
         Self {
-            functions: RwLock::new(Some((Arc::new(dispatch), Arc::new(abort)))),
+            batch,
+            functions: Mutex::new(Some((Arc::new(deliver), Arc::new(abort)))),
         }
     }
 
-    /// Releases the JavaScript functions; later events fail transiently.
+    /// Releases the JavaScript functions; events not yet delivered fail transiently.
     pub fn release(&self) {
-        self.functions.write().take();
+        self.functions.lock().take();
+        let pending = mem::take(&mut self.batch.lock().events);
+        complete(pending.into_iter().map(|(id, _)| (id, Some(released()))));
     }
+
+    fn abort_fn(&self) -> Option<Arc<AbortFn>> {
+        self.functions
+            .lock()
+            .as_ref()
+            .map(|(_, abort)| abort.clone())
+    }
+
+    /// Queues `event` of attempt `id` for delivery; false when the bridge was released.
+    fn enqueue(&self, id: u32, event: String) -> bool {
+        let deliver = {
+            let Some(deliver) = self
+                .functions
+                .lock()
+                .as_ref()
+                .map(|(deliver, _)| deliver.clone())
+            else {
+                return false;
+            };
+            let mut batch = self.batch.lock();
+            batch.events.push((id, event));
+            if batch.scheduled {
+                return true;
+            }
+            batch.scheduled = true;
+            deliver
+        };
+        if deliver.call((), ThreadsafeFunctionCallMode::NonBlocking) != Status::Ok {
+            let pending = mem::take(&mut self.batch.lock().events);
+            complete(pending.into_iter().map(|(id, _)| (id, Some(released()))));
+        }
+        true
+    }
+}
+
+fn released() -> HandlerReply {
+    HandlerReply {
+        error: Some("the JavaScript handler was released (unsubscribed or shut down)".to_owned()),
+        ..HandlerReply::default()
+    }
+}
+
+/// Reports settled handlers: `ok` lists attempts that answered `null`/`undefined`; `others` is
+/// the JSON text of `[[id, response | null, error | null, permanent], ...]` for the rest.
+///
+/// # Errors
+/// When `others` is not the expected JSON.
+#[napi]
+pub fn complete_events(ok: Uint32Array, others: Option<String>) -> napi::Result<()> {
+    complete(ok.iter().map(|&id| (id, None)));
+    if let Some(others) = others {
+        let parsed: Vec<(u32, Option<String>, Option<String>, bool)> =
+            serde_json::from_str(&others)
+                .map_err(|error| napi::Error::new(Status::InvalidArg, error.to_string()))?;
+        complete(parsed.into_iter().map(|(id, response, error, permanent)| {
+            (
+                id,
+                Some(HandlerReply {
+                    response,
+                    error,
+                    permanent: Some(permanent),
+                }),
+            )
+        }));
+    }
+    Ok(())
 }
 
 /// An [`EventHandler`] that runs the JavaScript handler behind a [`Bridge`].
@@ -150,27 +232,18 @@ impl JsHandler {
     async fn run(
         &self,
         context: &dyn EventContext,
-        args: impl FnOnce(u32) -> DispatchArgs,
+        event: impl FnOnce(u32) -> Value,
     ) -> Result<Value, JsHandlerError> {
-        let (attempt, mut requests) = Attempt::open();
-        let functions = self
-            .bridge
-            .functions
-            .read()
-            .as_ref()
-            .map(|(dispatch, abort)| (dispatch.clone(), abort.clone()));
-        let Some((dispatch, abort)) = functions else {
+        let (attempt, mut requests, completion) = Attempt::open();
+        let id = attempt.id();
+        let abort = self.bridge.abort_fn();
+        if !self.bridge.enqueue(id, event(id).to_string()) {
             return Err(JsHandlerError::new(
-                "the JavaScript handler was released (unsubscribed)",
+                "the JavaScript handler was released (unsubscribed or shut down)",
                 ErrorClass::Transient,
             ));
-        };
-        let id = attempt.id();
-        let call = async move {
-            let promise = dispatch.call_async_catch(FnArgs::from(args(id))).await?;
-            promise.await
-        };
-        tokio::pin!(call);
+        }
+        tokio::pin!(completion);
         let cancelled = context.cancelled();
         tokio::pin!(cancelled);
         let mut cancel_seen = false;
@@ -178,13 +251,15 @@ impl JsHandler {
         let settled = loop {
             tokio::select! {
                 biased;
-                settled = &mut call => break settled,
+                settled = &mut completion => break settled,
                 Some(request) = requests.recv() => serving.push(request.serve(context)),
                 Some(()) = serving.next(), if !serving.is_empty() => {}
                 () = &mut cancelled, if !cancel_seen => {
                     cancel_seen = true;
                     attempt.mark_cancelled();
-                    abort.call(id, ThreadsafeFunctionCallMode::NonBlocking);
+                    if let Some(abort) = &abort {
+                        abort.call(id, ThreadsafeFunctionCallMode::NonBlocking);
+                    }
                 }
             }
         };
@@ -194,8 +269,8 @@ impl JsHandler {
         match settled {
             Ok(None) => Ok(Value::Null),
             Ok(Some(reply)) => reply_to_result(reply),
-            Err(error) => Err(JsHandlerError::new(
-                format!("the JavaScript handler could not be called: {error}"),
+            Err(_) => Err(JsHandlerError::new(
+                "the JavaScript handler never reported completion",
                 ErrorClass::Transient,
             )),
         }
@@ -222,19 +297,6 @@ fn reply_to_result(reply: HandlerReply) -> Result<Value, JsHandlerError> {
     }
 }
 
-fn payload_text(payload: &Value) -> Option<String> {
-    // Serializing a `Value` cannot fail (its map keys are strings).
-    serde_json::to_string(payload).ok()
-}
-
-#[allow(
-    clippy::cast_precision_loss,
-    reason = "timestamps in ms are far below 2^53, the exact range of a JS number"
-)]
-fn millis(ms: i64) -> f64 {
-    ms as f64
-}
-
 #[async_trait]
 impl EventHandler for JsHandler {
     type Error = JsHandlerError;
@@ -244,18 +306,17 @@ impl EventHandler for JsHandler {
         context: &dyn EventContext,
         message: &Message,
     ) -> Result<Value, JsHandlerError> {
-        let payload = payload_text(&message.payload);
         self.run(context, |id| {
-            (
-                EventKind::Message as u32,
+            json!([
+                EventKind::Message as u8,
                 id,
-                message.key.as_str().to_owned(),
-                message.topic.as_str().to_owned(),
+                message.key.as_str(),
+                message.topic.as_str(),
                 message.partition.0,
                 message.offset.0,
-                millis(message.timestamp.as_millis()),
-                payload,
-            )
+                message.timestamp.as_millis(),
+                &message.payload,
+            ])
         })
         .await
     }
@@ -266,16 +327,15 @@ impl EventHandler for JsHandler {
         message: &ExciseMessage,
     ) -> Result<Value, JsHandlerError> {
         self.run(context, |id| {
-            (
-                EventKind::Excise as u32,
+            json!([
+                EventKind::Excise as u8,
                 id,
-                message.key.as_str().to_owned(),
-                message.topic.as_str().to_owned(),
+                message.key.as_str(),
+                message.topic.as_str(),
                 message.partition.0,
                 message.offset.0,
-                millis(message.timestamp.as_millis()),
-                None,
-            )
+                message.timestamp.as_millis(),
+            ])
         })
         .await
     }
@@ -285,18 +345,9 @@ impl EventHandler for JsHandler {
         context: &dyn EventContext,
         timer: &Timer,
     ) -> Result<(), JsHandlerError> {
-        let seconds = i64::try_from(timer.time.as_secs()).unwrap_or(i64::MAX);
+        let millis = timer.time.as_secs().saturating_mul(1000);
         self.run(context, |id| {
-            (
-                EventKind::Timer as u32,
-                id,
-                timer.key.as_str().to_owned(),
-                String::new(),
-                -1,
-                -1,
-                millis(seconds.saturating_mul(1000)),
-                None,
-            )
+            json!([EventKind::Timer as u8, id, timer.key.as_str(), millis])
         })
         .await
         .map(drop)
@@ -306,6 +357,18 @@ impl EventHandler for JsHandler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_are_json_arrays() {
+        let mut batch = Batch::default();
+        assert_eq!(batch.take(), "[]");
+        batch.events.push((1, "[0,1]".to_owned()));
+        batch.events.push((2, "[0,2]".to_owned()));
+        batch.scheduled = true;
+        assert_eq!(batch.take(), "[[0,1],[0,2]]");
+        assert!(!batch.scheduled);
+        assert!(batch.events.is_empty());
+    }
 
     #[test]
     fn replies_map_to_results_and_classes() {

@@ -16,6 +16,10 @@
 //! - [`logging`]: the `tracing` subscriber whose events go to the JavaScript logger.
 //! - [`mock_drain`]: mock-mode shutdown waits until the in-process topics are consumed.
 //! - [`errors`]: how Rust errors cross to JavaScript with their transient/permanent class.
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "napi-derive converts JavaScript arguments into owned values"
+)]
 
 pub mod admin;
 pub mod cancel;

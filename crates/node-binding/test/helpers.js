@@ -64,6 +64,7 @@ function mockOptions(extra = {}) {
     pollIntervalMs: 20,
     retryBaseMs: 10,
     maxRetryDelayMs: 50,
+    sendTimeoutMs: 10000,
     ...extra,
   };
 }

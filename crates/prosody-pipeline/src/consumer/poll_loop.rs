@@ -39,6 +39,12 @@ use crate::kafka::decode::{DecodeLimits, capture, decode};
 /// cannot starve the others within an iteration.
 const BATCH_PER_PARTITION: usize = 256;
 
+/// librdkafka's prefetch bound per partition queue, in KiB (`queued.max.messages.kbytes`).
+const PREFETCH_KBYTES_PER_PARTITION: &str = "4096";
+
+/// librdkafka's prefetch target per partition queue, in records (`queued.min.messages`).
+const PREFETCH_RECORDS_PER_PARTITION: &str = "10000";
+
 /// What the poll loop needs to know about Kafka.
 #[derive(Clone, Debug)]
 pub struct PollSettings {
@@ -165,7 +171,13 @@ impl PollLoop {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
-            .set("partition.assignment.strategy", "cooperative-sticky");
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            // With a queue per partition, librdkafka's prefetch bounds apply per partition,
+            // not per consumer: its defaults (64 MiB, 100,000 records) would let a consumer of
+            // many partitions buffer gigabytes. A few MiB per partition covers a fetch round
+            // trip at full speed.
+            .set("queued.max.messages.kbytes", PREFETCH_KBYTES_PER_PARTITION)
+            .set("queued.min.messages", PREFETCH_RECORDS_PER_PARTITION);
         for (name, value) in &settings.overrides {
             config.set(name, value);
         }

@@ -72,29 +72,29 @@ impl<'a> MigrationLock<'a> {
     pub(crate) async fn acquire(db: &'a Db) -> Result<Self, CassandraError> {
         let ttl = db.config.migration_lock_ttl;
         let ttl_secs = i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX);
-        let mut take = db
-            .prepare(
-                OPERATION,
-                LOCK_TABLE,
-                "INSERT INTO {ks}.prosody_migration_lock (name, holder) VALUES ('schema', ?) \
+        let mut take = super::prepare_visible(
+            db,
+            OPERATION,
+            LOCK_TABLE,
+            "INSERT INTO {ks}.prosody_migration_lock (name, holder) VALUES ('schema', ?) \
                  IF NOT EXISTS USING TTL ?",
-            )
-            .await?;
-        let mut release = db
-            .prepare(
-                OPERATION,
-                LOCK_TABLE,
-                "DELETE FROM {ks}.prosody_migration_lock WHERE name = 'schema' IF holder = ?",
-            )
-            .await?;
-        let mut renew = db
-            .prepare(
-                OPERATION,
-                LOCK_TABLE,
-                "UPDATE {ks}.prosody_migration_lock USING TTL ? SET holder = ? \
+        )
+        .await?;
+        let mut release = super::prepare_visible(
+            db,
+            OPERATION,
+            LOCK_TABLE,
+            "DELETE FROM {ks}.prosody_migration_lock WHERE name = 'schema' IF holder = ?",
+        )
+        .await?;
+        let mut renew = super::prepare_visible(
+            db,
+            OPERATION,
+            LOCK_TABLE,
+            "UPDATE {ks}.prosody_migration_lock USING TTL ? SET holder = ? \
                  WHERE name = 'schema' IF holder = ?",
-            )
-            .await?;
+        )
+        .await?;
         for statement in [&mut take, &mut release, &mut renew] {
             // A lightweight transaction is not idempotent: a blind retry after a timeout could
             // report "not applied" for our own successful insert. The loop below re-checks.

@@ -23,9 +23,11 @@
 
 mod lock;
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use prosody_api::StorageError;
 use scylla::statement::Consistency;
+use scylla::statement::prepared::PreparedStatement;
 
 use crate::errors::{CassandraError, query_error};
 use crate::session::Db;
@@ -98,14 +100,14 @@ pub(crate) async fn migrate(db: &Db) -> Result<Vec<u32>, CassandraError> {
 
 async fn apply_pending(db: &Db, lock: &MigrationLock<'_>) -> Result<Vec<u32>, CassandraError> {
     let mut applied = Vec::new();
-    let record = db
-        .prepare(
-            OPERATION,
-            MIGRATIONS_TABLE,
-            "INSERT INTO {ks}.prosody_migrations (version, name, checksum, applied_at_ms) \
+    let record = prepare_visible(
+        db,
+        OPERATION,
+        MIGRATIONS_TABLE,
+        "INSERT INTO {ks}.prosody_migrations (version, name, checksum, applied_at_ms) \
              VALUES (?, ?, ?, ?)",
-        )
-        .await?;
+    )
+    .await?;
     for migration in pending(db).await? {
         lock.renew().await?;
         tracing::info!(
@@ -139,13 +141,13 @@ async fn apply_pending(db: &Db, lock: &MigrationLock<'_>) -> Result<Vec<u32>, Ca
 
 /// The embedded migrations not applied yet, after checking the applied ones are unchanged.
 async fn pending(db: &Db) -> Result<Vec<Migration>, CassandraError> {
-    let read = db
-        .prepare(
-            OPERATION,
-            MIGRATIONS_TABLE,
-            "SELECT version, checksum FROM {ks}.prosody_migrations",
-        )
-        .await?;
+    let read = prepare_visible(
+        db,
+        OPERATION,
+        MIGRATIONS_TABLE,
+        "SELECT version, checksum FROM {ks}.prosody_migrations",
+    )
+    .await?;
     let rows: Vec<(i32, String)> = db.all_rows(OPERATION, MIGRATIONS_TABLE, &read, ()).await?;
     let mut pending = Vec::new();
     for migration in MIGRATIONS {
@@ -179,6 +181,39 @@ async fn pending(db: &Db) -> Result<Vec<Migration>, CassandraError> {
         }
     }
     Ok(pending)
+}
+
+/// How long a table that `system_schema` lists may take to become usable.
+const SCHEMA_VISIBLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Prepares a statement on a bookkeeping table, waiting while the table is still invisible.
+///
+/// A node writes a new table to `system_schema` before it updates the schema that statements
+/// are checked against, so a client that saw another client's freshly created table listed can
+/// still be told it "does not exist" for a moment. That answer is retried, briefly and bounded;
+/// any other error, or a table still missing after [`SCHEMA_VISIBLE_WAIT`], is returned.
+async fn prepare_visible(
+    db: &Db,
+    operation: &'static str,
+    table: &str,
+    cql: &str,
+) -> Result<PreparedStatement, StorageError> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match db.prepare(operation, table, cql).await {
+            Err(error)
+                if error.to_string().contains("does not exist")
+                    && started.elapsed() < SCHEMA_VISIBLE_WAIT =>
+            {
+                tracing::debug!(%error, "table not visible yet; preparing again");
+                // No notification exists for "this node's schema now has the table".
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 /// Runs one schema statement. DDL is the one kind of statement this crate does not prepare:

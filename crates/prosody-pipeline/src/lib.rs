@@ -9,6 +9,9 @@ pub mod consumer;
 pub mod dispatch;
 pub mod event;
 pub mod kafka;
+pub mod middleware;
 pub mod probes;
+pub mod scheduler;
+pub mod telemetry;
 
 pub use event::Event;

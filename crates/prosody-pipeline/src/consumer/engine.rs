@@ -13,10 +13,11 @@ use futures::FutureExt;
 use parking_lot::Mutex;
 use prosody_api::{Key, Offset};
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
+use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass};
 use super::partition::{Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use crate::event::Event;
@@ -42,6 +43,20 @@ pub enum Outcome {
 pub trait Dispatch: Send + Sync + 'static {
     /// Handles `event`. `cancel` fires when the work must stop (revocation, shutdown).
     async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome;
+
+    /// Handles `event` holding the admission permit the engine acquired for it in `permit`.
+    /// The engine calls this one; a dispatch that retries overrides it to give the permit
+    /// back while it waits (see [`super::admission`]). The default holds the permit for the
+    /// whole dispatch.
+    async fn dispatch_admitted(
+        &self,
+        event: Event,
+        cancel: CancellationToken,
+        permit: PermitSlot,
+    ) -> Outcome {
+        let _held = permit;
+        self.dispatch(event, cancel).await
+    }
 }
 
 /// Pauses and resumes fetching of a partition (librdkafka in production).
@@ -75,7 +90,7 @@ struct Inner {
     generation: Mutex<u64>,
     dispatch: Arc<dyn Dispatch>,
     flow: Arc<dyn FlowControl>,
-    permits: Arc<Semaphore>,
+    admission: Arc<dyn Admission>,
     limits: EngineLimits,
     health: HealthRegistry,
     runtime: Handle,
@@ -90,6 +105,7 @@ pub struct Engine {
 impl Engine {
     /// An engine that spawns its key runners on `runtime` and reports assignment, work and
     /// progress of its partitions to `health` (which the probes and the client read).
+    /// Admission is first come, first served over `limits.max_concurrency` permits.
     #[must_use]
     pub fn new(
         limits: EngineLimits,
@@ -98,14 +114,28 @@ impl Engine {
         health: HealthRegistry,
         runtime: Handle,
     ) -> Self {
-        let permits = Arc::new(Semaphore::new(limits.max_concurrency.max(1)));
+        let admission = Arc::new(SemaphoreAdmission::new(limits.max_concurrency));
+        Self::with_admission(limits, dispatch, admission, flow, health, runtime)
+    }
+
+    /// [`Engine::new`] with the given admission (the fair scheduler) bounding concurrency
+    /// instead of a plain semaphore; `limits.max_concurrency` is then the admission's business.
+    #[must_use]
+    pub fn with_admission(
+        limits: EngineLimits,
+        dispatch: Arc<dyn Dispatch>,
+        admission: Arc<dyn Admission>,
+        flow: Arc<dyn FlowControl>,
+        health: HealthRegistry,
+        runtime: Handle,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(HashMap::new()),
                 generation: Mutex::new(0),
                 dispatch,
                 flow,
-                permits,
+                admission,
                 limits,
                 health,
                 runtime,
@@ -297,10 +327,9 @@ impl Engine {
     /// Runs the events of one key, one at a time, until its queue is empty.
     async fn run_key(self, partition: TopicPartition, generation: u64, key: Key) {
         loop {
-            // The semaphore is never closed, so acquiring cannot fail.
-            let Ok(permit) = self.inner.permits.clone().acquire_owned().await else {
-                return;
-            };
+            // A key's first attempt is normal work; retries ask again inside the dispatch.
+            let permit =
+                PermitSlot::holding(self.inner.admission.acquire(&key, TaskClass::Normal).await);
             let (event, cancel) = {
                 let mut state = self.inner.state.lock();
                 let Some(slot) = state
@@ -315,9 +344,13 @@ impl Engine {
                 (event, slot.work.cancel_token().child_token())
             };
             let offset = event.offset();
-            let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch(event, cancel))
-                .catch_unwind()
-                .await;
+            let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
+                event,
+                cancel,
+                permit.clone(),
+            ))
+            .catch_unwind()
+            .await;
             let done = match dispatched {
                 Ok(Outcome::Completed) => offset,
                 Ok(Outcome::Abandoned) => None,
@@ -328,7 +361,7 @@ impl Engine {
             };
             self.finish(&partition, generation, done);
             // Released only after the finish is recorded, so the engine never counts more
-            // running events than there are permits.
+            // running events than there are permits (unless the dispatch gave it back).
             drop(permit);
         }
     }

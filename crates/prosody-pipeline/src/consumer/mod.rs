@@ -1,10 +1,12 @@
 //! The consumer: a poll loop feeding an engine of per-partition key queues.
 
+pub mod admission;
 pub mod engine;
 pub mod offsets;
 pub mod partition;
 pub mod poll_loop;
 pub mod topic_partition;
 
+pub use admission::{Admission, Permit, PermitSlot, SemaphoreAdmission, TaskClass};
 pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome};
 pub use topic_partition::TopicPartition;

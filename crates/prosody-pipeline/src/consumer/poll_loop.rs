@@ -22,7 +22,8 @@ use tracing::{debug, error, info, warn};
 
 use super::engine::{Engine, FlowControl};
 use super::topic_partition::TopicPartition;
-use crate::kafka::decode::{DecodeLimits, decode};
+use crate::event::Event;
+use crate::kafka::decode::{DecodeLimits, decode, reject};
 
 /// What the poll loop needs to know about Kafka.
 #[derive(Clone, Debug)]
@@ -224,8 +225,11 @@ fn receive(engine: &Engine, record: &BorrowedMessage<'_>, limits: &DecodeLimits)
     match decode(record, limits) {
         Ok(event) => engine.offer(&partition, event),
         Err(problem) => {
-            error!(%partition, offset = record.offset(), %problem, "record skipped: cannot decode");
-            engine.skip(&partition, Offset(record.offset()));
+            error!(%partition, offset = record.offset(), %problem,
+                "record rejected: cannot decode; the mode's failure policy routes it");
+            // Queued like any record so its offset commits only once the policy has run.
+            let rejected = reject(record, &problem, limits);
+            engine.offer(&partition, Event::Rejected(Box::new(rejected)));
         }
     }
 }

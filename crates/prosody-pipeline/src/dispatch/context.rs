@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 pub struct AttemptContext {
     key: Key,
     cancel: CancellationToken,
+    attempt: u32,
     ended: AtomicBool,
 }
 
@@ -25,11 +26,24 @@ impl AttemptContext {
     /// A context for an attempt on `key`, cancelled through `cancel`.
     #[must_use]
     pub fn new(key: Key, cancel: CancellationToken) -> Self {
+        Self::for_attempt(key, cancel, 1)
+    }
+
+    /// A context for attempt number `attempt` (from 1) on `key`.
+    #[must_use]
+    pub fn for_attempt(key: Key, cancel: CancellationToken, attempt: u32) -> Self {
         Self {
             key,
             cancel,
+            attempt,
             ended: AtomicBool::new(false),
         }
+    }
+
+    /// The attempt number, from 1.
+    #[must_use]
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
 
     /// Ends the attempt: the context is unusable from now on.

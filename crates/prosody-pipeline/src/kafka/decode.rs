@@ -15,7 +15,7 @@ use prosody_api::{
 };
 use rdkafka::message::Message as RdMessage;
 
-use crate::event::Event;
+use crate::event::{Event, RejectedRecord};
 
 /// Default largest accepted record value: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
@@ -133,6 +133,37 @@ pub fn decode<M: RdMessage>(record: &M, limits: &DecodeLimits) -> Result<Event, 
         payload,
         headers,
     }))
+}
+
+/// Keeps what the failure topic needs of a record `decode` rejected: its raw key and value
+/// (the value only up to `limits.max_value_bytes`, so an oversized record is not copied) and
+/// its headers.
+pub fn reject<M: RdMessage>(
+    record: &M,
+    error: &DecodeError,
+    limits: &DecodeLimits,
+) -> RejectedRecord {
+    let raw_key = record.key().map(<[u8]>::to_vec);
+    let key = Key::from(
+        raw_key
+            .as_deref()
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default()
+            .into_owned(),
+    );
+    RejectedRecord {
+        topic: error.topic.clone(),
+        partition: error.partition,
+        offset: error.offset,
+        key,
+        raw_key,
+        raw_value: record
+            .payload()
+            .filter(|value| value.len() <= limits.max_value_bytes)
+            .map(<[u8]>::to_vec),
+        headers: record.headers().map(read_headers).unwrap_or_default(),
+        reason: error.to_string(),
+    }
 }
 
 fn decode_key(key: Option<&[u8]>) -> Result<Key, DecodeProblem> {
@@ -343,6 +374,30 @@ mod tests {
                 "cannot decode record at orders/3@42: the key is missing"
             );
         }
+    }
+
+    #[test]
+    fn rejected_record_keeps_raw_parts_but_not_an_oversized_value() {
+        let limits = DecodeLimits { max_value_bytes: 4 };
+        let bad_key = record(Some(&[0x66, 0xff]), Some(b"{}"));
+        let error = problem(decode(&bad_key, &limits));
+        let rejected = reject(&bad_key, &error, &limits);
+        assert_eq!(rejected.raw_key.as_deref(), Some(&[0x66, 0xff][..]));
+        assert_eq!(rejected.key, Key::from("f\u{fffd}"));
+        assert_eq!(rejected.raw_value.as_deref(), Some(&b"{}"[..]));
+        assert_eq!(rejected.offset, Offset(42));
+        assert_eq!(rejected.headers.source_system(), Some("billing"));
+        assert_eq!(rejected.reason, error.to_string());
+
+        let big = record(Some(b"k"), Some(b"12345"));
+        let error = problem(decode(&big, &limits));
+        let rejected = reject(&big, &error, &limits);
+        assert_eq!(rejected.raw_value, None);
+        assert!(
+            rejected.reason.contains("over the limit"),
+            "{}",
+            rejected.reason
+        );
     }
 
     #[test]

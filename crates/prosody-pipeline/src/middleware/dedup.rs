@@ -1,0 +1,231 @@
+//! Deduplication: a message whose payload has an `id` is handled once per (key, id,
+//! `idempotenceVersion`). Two tiers: a bounded in-memory cache shared by every partition of the
+//! subscription answers repeats without I/O; the durable [`DedupStore`] (TTL
+//! `idempotenceTtlS`) answers after restarts and partition moves.
+//!
+//! A record is recorded as seen only after the layers below succeeded, so a failed attempt
+//! never hides the record from a later delivery. A store that cannot answer does not block
+//! the key: the record is handled (at least once is the contract; dedup only narrows it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use moka::sync::Cache;
+use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
+use prosody_api::{ConsumerGroup, Key, Partition, Topic};
+use serde_json::Value;
+use tracing::{debug, warn};
+
+use super::{Layer, Service, Task, Verdict};
+use crate::event::Event;
+
+/// The cache's notion of a record: the store's scope and record minus the fixed group and
+/// version of this subscription.
+type CacheKey = (Topic, Partition, Key, String);
+
+/// Skips messages already handled.
+pub struct Dedup {
+    store: Arc<dyn DedupStore>,
+    cache: Cache<CacheKey, ()>,
+    group: ConsumerGroup,
+    version: String,
+    ttl: Ttl,
+    inner: Arc<dyn Service>,
+}
+
+/// Builds a [`Dedup`].
+pub struct DedupLayer {
+    /// The durable tier.
+    pub store: Arc<dyn DedupStore>,
+    /// Entries of the in-memory tier (at least 1: the configuration rejects 0).
+    pub cache_size: u64,
+    /// The consumer group: part of the store's scope.
+    pub group_id: String,
+    /// `idempotenceVersion`.
+    pub version: String,
+    /// `idempotenceTtlS`.
+    pub ttl: Ttl,
+}
+
+impl Layer for DedupLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        let cache = Cache::builder()
+            .max_capacity(self.cache_size.max(1))
+            // A cached answer never outlives the durable record it stands for.
+            .time_to_live(self.ttl.as_duration().max(Duration::from_secs(1)))
+            .build();
+        Arc::new(Dedup {
+            store: self.store,
+            cache,
+            group: ConsumerGroup::from(self.group_id),
+            version: self.version,
+            ttl: self.ttl,
+            inner,
+        })
+    }
+}
+
+/// The payload's `id` as text: a string as it is, a number in its JSON form; anything else
+/// (absent, null, object) means the message is not deduplicated.
+fn payload_id(event: &Event) -> Option<(&prosody_api::Message, String)> {
+    let Event::Message(message) = event else {
+        return None;
+    };
+    let id = match message.payload.get("id")? {
+        Value::String(id) => id.clone(),
+        Value::Number(id) => id.to_string(),
+        _ => return None,
+    };
+    Some((message, id))
+}
+
+#[async_trait]
+impl Service for Dedup {
+    async fn call(&self, task: Task) -> Verdict {
+        let Some((message, id)) = payload_id(&task.event) else {
+            return self.inner.call(task).await;
+        };
+        let cache_key: CacheKey = (
+            message.topic.clone(),
+            message.partition,
+            message.key.clone(),
+            id.clone(),
+        );
+        if self.cache.contains_key(&cache_key) {
+            debug!(key = %message.key, %id, offset = message.offset.0, "duplicate skipped (cache)");
+            return Ok(Value::Null);
+        }
+        let scope =
+            PartitionScope::new(self.group.clone(), message.topic.clone(), message.partition);
+        let record = DedupRecord::new(message.key.clone(), id, self.version.clone());
+        match self.store.contains(&scope, &record).await {
+            Ok(true) => {
+                debug!(key = %message.key, id = %record.id, offset = message.offset.0,
+                    "duplicate skipped (store)");
+                self.cache.insert(cache_key, ());
+                return Ok(Value::Null);
+            }
+            Ok(false) => {}
+            Err(error) => warn!(key = %message.key, id = %record.id, %error,
+                "dedup store cannot answer: handling the message anyway"),
+        }
+        let verdict = self.inner.call(task.clone()).await;
+        if verdict.is_ok() {
+            if let Err(error) = self.store.insert(&scope, &record, self.ttl).await {
+                warn!(key = %record.key, id = %record.id, %error,
+                    "cannot record the message as handled: a redelivery would handle it again");
+            }
+            self.cache.insert(cache_key, ());
+        }
+        verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::middleware::FailureKind;
+    use crate::middleware::stack::testing::{Calls, message, task};
+    use parking_lot::Mutex;
+    use prosody_api::StorageError;
+    use serde_json::json;
+    use std::collections::HashSet;
+
+    /// A store without TTL: the pipeline never names a backend, not even in its tests.
+    #[derive(Clone, Debug, Default)]
+    struct MemoryDedupStore(Arc<Mutex<HashSet<(PartitionScope, DedupRecord)>>>);
+
+    impl MemoryDedupStore {
+        fn is_empty(&self) -> bool {
+            self.0.lock().is_empty()
+        }
+    }
+
+    #[async_trait]
+    impl DedupStore for MemoryDedupStore {
+        async fn insert(
+            &self,
+            scope: &PartitionScope,
+            record: &DedupRecord,
+            _: Ttl,
+        ) -> Result<(), StorageError> {
+            self.0.lock().insert((scope.clone(), record.clone()));
+            Ok(())
+        }
+
+        async fn contains(
+            &self,
+            scope: &PartitionScope,
+            record: &DedupRecord,
+        ) -> Result<bool, StorageError> {
+            Ok(self.0.lock().contains(&(scope.clone(), record.clone())))
+        }
+    }
+
+    fn layer(store: &MemoryDedupStore, version: &str, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        Box::new(DedupLayer {
+            store: Arc::new(store.clone()),
+            cache_size: 16,
+            group_id: "g".to_owned(),
+            version: version.to_owned(),
+            ttl: Ttl::from_secs(60).expect("non-zero"),
+        })
+        .wrap(inner)
+    }
+
+    #[tokio::test]
+    async fn same_key_and_id_once_other_key_or_version_again() {
+        let store = MemoryDedupStore::default();
+        let calls = Calls::succeeding();
+        let dedup = layer(&store, "1", calls.clone());
+        for (key, id) in [
+            ("a", json!("x")),
+            ("a", json!("x")),
+            ("b", json!("x")),
+            ("a", json!(7)),
+        ] {
+            dedup
+                .call(task(message(key, json!({ "id": id }))))
+                .await
+                .expect("ok");
+        }
+        assert_eq!(calls.count(), 3, "the second (a, x) is a duplicate");
+        // A fresh layer (restart) answers from the store; a new version forgets.
+        let restarted = layer(&store, "1", calls.clone());
+        restarted
+            .call(task(message("a", json!({"id": "x"}))))
+            .await
+            .expect("ok");
+        assert_eq!(calls.count(), 3);
+        let bumped = layer(&store, "2", calls.clone());
+        bumped
+            .call(task(message("a", json!({"id": "x"}))))
+            .await
+            .expect("ok");
+        assert_eq!(calls.count(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_failed_attempt_is_not_recorded_and_payloads_without_id_always_pass() {
+        let store = MemoryDedupStore::default();
+        let failing = Calls::failing(FailureKind::Permanent);
+        let dedup = layer(&store, "1", failing.clone());
+        let verdict = dedup.call(task(message("a", json!({"id": "x"})))).await;
+        assert!(verdict.is_err());
+        assert!(store.is_empty());
+        let calls = Calls::succeeding();
+        let dedup = layer(&store, "1", calls.clone());
+        for _ in 0..2 {
+            dedup
+                .call(task(message("a", json!({"id": "x"}))))
+                .await
+                .expect("ok");
+            dedup
+                .call(task(message("a", json!({"no": "id"}))))
+                .await
+                .expect("ok");
+        }
+        assert_eq!(calls.count(), 3);
+    }
+}

@@ -1,0 +1,114 @@
+//! Observes each handler attempt: a `prosody.handle` span related to the producer's trace
+//! context (child or follows-from, per the configuration), and lifecycle events (dispatched,
+//! then succeeded or failed with the run time) for the telemetry topic when it is enabled.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use tracing::Instrument;
+
+use super::{Layer, Service, Task, Verdict};
+use crate::event::Event;
+use crate::telemetry::propagation::relate;
+use crate::telemetry::{LifecycleEvent, SpanRelation, Stage, TelemetrySink};
+
+/// Spans and lifecycle events around the handler.
+pub struct Telemetry {
+    settings: TelemetryLayer,
+    inner: Arc<dyn Service>,
+}
+
+/// Builds a [`Telemetry`].
+#[derive(Clone)]
+pub struct TelemetryLayer {
+    /// Where lifecycle events go; `None` when disabled (mock mode, `telemetryEnabled: false`).
+    pub sink: Option<TelemetrySink>,
+    /// The consumer group, stamped on events.
+    pub group_id: Arc<str>,
+    /// Relation of message (and excise) spans to the producer's span.
+    pub message_spans: SpanRelation,
+}
+
+impl Layer for TelemetryLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        Arc::new(Telemetry {
+            settings: *self,
+            inner,
+        })
+    }
+}
+
+/// What the span and the events say about an event: (kind, topic, partition, headers).
+fn describe(event: &Event) -> (&'static str, &str, i32, &prosody_api::Headers) {
+    match event {
+        Event::Message(message) => (
+            "message",
+            message.topic.as_str(),
+            message.partition.0,
+            &message.headers,
+        ),
+        Event::Excise(excise) => (
+            "excise",
+            excise.topic.as_str(),
+            excise.partition.0,
+            &excise.headers,
+        ),
+        Event::Rejected(rejected) => (
+            "rejected",
+            rejected.topic.as_str(),
+            rejected.partition.0,
+            &rejected.headers,
+        ),
+    }
+}
+
+impl Telemetry {
+    fn emit(&self, task: &Task, stage: Stage, duration: Option<f64>, error: Option<String>) {
+        let Some(sink) = &self.settings.sink else {
+            return;
+        };
+        let (kind, topic, partition, _) = describe(&task.event);
+        sink.emit(LifecycleEvent {
+            event: kind,
+            stage,
+            group_id: self.settings.group_id.clone(),
+            key: task.event.key().to_string(),
+            topic: topic.to_owned(),
+            partition,
+            offset: task.event.offset().map(|offset| offset.0),
+            attempt: task.attempt,
+            duration_ms: duration,
+            error,
+            timestamp_ms: LifecycleEvent::now_ms(),
+        });
+    }
+}
+
+#[async_trait]
+impl Service for Telemetry {
+    async fn call(&self, task: Task) -> Verdict {
+        let (kind, topic, partition, headers) = describe(&task.event);
+        let span = tracing::info_span!(
+            "prosody.handle",
+            event = kind,
+            key = %task.event.key(),
+            topic,
+            partition,
+            offset = task.event.offset().map(|offset| offset.0),
+            attempt = task.attempt,
+        );
+        if !span.is_disabled() {
+            relate(&span, headers, self.settings.message_spans);
+        }
+        self.emit(&task, Stage::Dispatched, None, None);
+        let started = Instant::now();
+        let verdict = self.inner.call(task.clone()).instrument(span).await;
+        let duration = Some(started.elapsed().as_secs_f64() * 1_000.0);
+        match &verdict {
+            Ok(_) => self.emit(&task, Stage::Succeeded, duration, None),
+            Err(failure) => self.emit(&task, Stage::Failed, duration, Some(failure.reason.clone())),
+        }
+        verdict
+    }
+}

@@ -71,10 +71,12 @@ async fn handled_once_per_key_id_and_version() {
         ],
     )
     .await;
-    let handled = consume(options("1"), &group, &topic, 5).await;
+    let mut handled = consume(options("1"), &group, &topic, 5).await;
+    // Keys run concurrently; only the order within a key is defined.
+    handled.sort();
     assert_eq!(
         handled,
-        [("a", 1), ("b", 3), ("a", 4), ("a", 5)].map(|(key, n)| (key.to_owned(), n)),
+        [("a", 1), ("a", 4), ("a", 5), ("b", 3)].map(|(key, n)| (key.to_owned(), n)),
         "the repeated (a, x) is skipped; another key with the same id and payloads without \
          an id are handled"
     );

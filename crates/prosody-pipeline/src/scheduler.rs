@@ -20,12 +20,11 @@
 //! longest wait: the boost only grows with the wait, so the longest waiter is the one it can
 //! lift furthest, and keeping both orders in trees makes each grant O(log n).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moka::sync::Cache;
 use parking_lot::Mutex;
 use prosody_api::Key;
 use tokio::sync::oneshot;
@@ -86,12 +85,49 @@ struct State {
     class_time: [f64; 2],
     /// Per class: the virtual time of the key granted last, where newcomers start.
     floor: [Vt; 2],
+    /// Per class: the virtual time of each remembered key. Kept under the same lock as the
+    /// queues (a concurrent cache would add its own synchronisation to every grant).
+    keys: [HashMap<Key, Vt>; 2],
+}
+
+impl State {
+    /// The virtual time `key` waits with in `class`: its own, or the floor if that is higher
+    /// (a key that ran little long ago must not jump ahead of keys that kept running).
+    fn vt(&self, class: usize, key: &Key) -> Vt {
+        let floor = self.floor[class];
+        self.keys[class]
+            .get(key)
+            .map_or(floor, |vt| (*vt).max(floor))
+    }
+
+    /// Adds `ran` to `key`'s virtual time, forgetting keys beyond `capacity`.
+    fn charge(&mut self, class: usize, key: Key, ran: Vt, capacity: usize) {
+        let floor = self.floor[class];
+        let keys = &mut self.keys[class];
+        if let Some(vt) = keys.get_mut(&key) {
+            *vt = (*vt).max(floor).saturating_add(ran);
+            return;
+        }
+        keys.insert(key, floor.saturating_add(ran));
+        if keys.len() > capacity {
+            // Keys at or below the floor lose nothing by being forgotten (they would start at
+            // the floor anyway); beyond that, arbitrary ones go. Evicting a quarter at a time
+            // keeps the cost per charge constant.
+            keys.retain(|_, vt| *vt > floor);
+            let excess = keys.len().saturating_sub(capacity - capacity / 4);
+            if keys.len() > capacity {
+                let evicted: Vec<Key> = keys.keys().take(excess).cloned().collect();
+                for key in evicted {
+                    keys.remove(&key);
+                }
+            }
+        }
+    }
 }
 
 struct Shared {
     settings: SchedulerSettings,
     weights: [f64; 2],
-    keys: Cache<(usize, Key), Vt>,
     state: Mutex<State>,
 }
 
@@ -117,17 +153,16 @@ impl FairScheduler {
     #[must_use]
     pub fn new(settings: SchedulerSettings) -> Self {
         let failure_weight = settings.failure_weight.clamp(0.01, 0.99);
-        let keys = Cache::new(settings.cache_size.max(1));
         Self {
             shared: Arc::new(Shared {
                 weights: [1.0 - failure_weight, failure_weight],
-                keys,
                 state: Mutex::new(State {
                     free: settings.max_concurrency.max(1),
                     arrivals: 0,
                     queues: [Queue::default(), Queue::default()],
                     class_time: [0.0; 2],
                     floor: [0; 2],
+                    keys: [HashMap::new(), HashMap::new()],
                 }),
                 settings,
             }),
@@ -163,11 +198,13 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         let ran = self.since.elapsed();
-        let key = (self.class, self.key.clone());
-        let vt = self.shared.keys.get(&key).unwrap_or_default();
-        self.shared.keys.insert(key, vt.saturating_add(nanos(ran)));
+        let key = std::mem::replace(&mut self.key, Key::from(""));
+        let capacity = usize::try_from(self.shared.settings.cache_size)
+            .unwrap_or(usize::MAX)
+            .max(1);
         let unwanted = {
             let mut state = self.shared.state.lock();
+            state.charge(self.class, key, nanos(ran), capacity);
             #[allow(
                 clippy::cast_precision_loss,
                 reason = "run times are far below 2^52 ns"
@@ -275,11 +312,7 @@ impl Admission for FairScheduler {
                 state.free -= 1;
                 return shared.permit(key.clone(), class);
             }
-            let floor = state.floor[class];
-            let vt = shared
-                .keys
-                .get(&(class, key.clone()))
-                .map_or(floor, |vt| vt.max(floor));
+            let vt = state.vt(class, key);
             let (grant, receiver) = oneshot::channel();
             state.arrivals += 1;
             let arrival = state.arrivals;
@@ -434,6 +467,26 @@ mod tests {
         let [normal, retry] = *ran.lock();
         let share = retry.as_secs_f64() / (normal + retry).as_secs_f64();
         assert!((0.27..=0.33).contains(&share), "retry share {share}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn remembers_at_most_cache_size_keys() {
+        let scheduler = FairScheduler::new(SchedulerSettings {
+            max_concurrency: 1,
+            failure_weight: 0.3,
+            max_wait: Duration::from_secs(1),
+            wait_weight: 1.0,
+            cache_size: 10,
+        });
+        for index in 0..100 {
+            let key = Key::from(format!("k{index}"));
+            hold(
+                scheduler.acquire(&key, TaskClass::Normal).await,
+                Duration::from_millis(1),
+            )
+            .await;
+            assert!(scheduler.shared.state.lock().keys[0].len() <= 10);
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,6 +7,7 @@
 //! never hides the record from a later delivery. A store that cannot answer does not block
 //! the key: the record is handled (at least once is the contract; dedup only narrows it).
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,14 +21,30 @@ use tracing::{debug, warn};
 use super::{Layer, Service, Task, Verdict};
 use crate::event::Event;
 
-/// The cache's notion of a record: the store's scope and record minus the fixed group and
-/// version of this subscription.
-type CacheKey = (Topic, Partition, Key, String);
+/// The cache's notion of a record: a 128-bit digest of (topic, partition, key, id), the
+/// store's scope and record minus the fixed group and version of this subscription. A digest
+/// rather than the strings keeps the hot path free of allocations; two independently seeded
+/// 64-bit hashes make a collision (which would skip a message) vanishingly unlikely.
+type CacheKey = u128;
+
+fn digest(
+    hashers: &[RandomState; 2],
+    topic: &Topic,
+    partition: Partition,
+    key: &Key,
+    id: &str,
+) -> CacheKey {
+    let [high, low] = hashers
+        .each_ref()
+        .map(|hasher| hasher.hash_one((topic.as_str(), partition.0, key.as_str(), id)));
+    (u128::from(high) << 64) | u128::from(low)
+}
 
 /// Skips messages already handled.
 pub struct Dedup {
     store: Arc<dyn DedupStore>,
     cache: Cache<CacheKey, ()>,
+    hashers: [RandomState; 2],
     group: ConsumerGroup,
     version: String,
     ttl: Ttl,
@@ -58,6 +75,7 @@ impl Layer for DedupLayer {
         Arc::new(Dedup {
             store: self.store,
             cache,
+            hashers: [RandomState::new(), RandomState::new()],
             group: ConsumerGroup::from(self.group_id),
             version: self.version,
             ttl: self.ttl,
@@ -86,11 +104,12 @@ impl Service for Dedup {
         let Some((message, id)) = payload_id(&task.event) else {
             return self.inner.call(task).await;
         };
-        let cache_key: CacheKey = (
-            message.topic.clone(),
+        let cache_key = digest(
+            &self.hashers,
+            &message.topic,
             message.partition,
-            message.key.clone(),
-            id.clone(),
+            &message.key,
+            &id,
         );
         if self.cache.contains_key(&cache_key) {
             debug!(key = %message.key, %id, offset = message.offset.0, "duplicate skipped (cache)");

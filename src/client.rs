@@ -450,6 +450,7 @@ impl ProsodyClient {
                 sink: telemetry,
                 group_id: Arc::from(config.kafka.group_id.as_str()),
                 message_spans: span_relation(config.telemetry.message_spans),
+                timer_spans: span_relation(config.telemetry.timer_spans),
             },
         }
     }

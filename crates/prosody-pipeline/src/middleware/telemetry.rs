@@ -28,6 +28,9 @@ pub struct TelemetryLayer {
     pub group_id: Arc<str>,
     /// Relation of message (and excise) spans to the producer's span.
     pub message_spans: SpanRelation,
+    /// Relation of timer spans to the span that scheduled the timer (for timer events, when
+    /// they join [`Event`]).
+    pub timer_spans: SpanRelation,
 }
 
 impl Layer for TelemetryLayer {

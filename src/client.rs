@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use prosody_api::storage::{DedupStore, Ttl};
 use prosody_api::{EventHandler, SystemClock};
-use prosody_pipeline::consumer::poll_loop::{KafkaFlowControl, PollLoop, PollSettings};
+use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load};
 use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::kafka::decode::DecodeLimits;
@@ -242,7 +242,7 @@ impl ProsodyClient {
             self.stack_settings(scheduler.clone(), telemetry.clone()),
             Arc::new(HandlerService::new(Arc::new(handler))),
         ));
-        let flow = Arc::new(KafkaFlowControl::default());
+        let flow = Arc::new(QueueFlowControl::default());
         let engine = Engine::with_admission(
             EngineLimits {
                 max_concurrency: config.consumer.max_concurrency.get(),

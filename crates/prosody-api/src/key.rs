@@ -2,9 +2,11 @@
 //!
 //! They are newtypes rather than bare `String`/`i32`/`i64` so a partition cannot be passed where
 //! an offset is expected, and so storage scopes ([`crate::storage::PartitionScope`]) read as what
-//! they mean.
+//! they mean. String identifiers share one immutable `Arc<str>`: a key or topic is cloned into
+//! queues, contexts and storage scopes for every event, and a clone must not allocate.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -13,12 +15,12 @@ macro_rules! string_id {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(transparent)]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Wraps a string.
             pub fn new(value: impl Into<String>) -> Self {
-                Self(value.into())
+                Self(Arc::from(value.into()))
             }
 
             /// The string form.
@@ -27,10 +29,10 @@ macro_rules! string_id {
                 &self.0
             }
 
-            /// Unwraps into the string form.
+            /// The string form, copied.
             #[must_use]
             pub fn into_string(self) -> String {
-                self.0
+                self.0.to_string()
             }
         }
 
@@ -42,13 +44,13 @@ macro_rules! string_id {
 
         impl From<&str> for $name {
             fn from(value: &str) -> Self {
-                Self(value.to_owned())
+                Self(Arc::from(value))
             }
         }
 
         impl From<String> for $name {
             fn from(value: String) -> Self {
-                Self(value)
+                Self(Arc::from(value))
             }
         }
 

@@ -20,6 +20,7 @@ use tracing::{debug, error, warn};
 use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass};
 use super::partition::{Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
+use super::work::{Keyed, Work};
 use crate::event::Event;
 use crate::probes::{HealthRegistry, PartitionHealth};
 
@@ -80,7 +81,7 @@ pub struct EngineLimits {
 }
 
 struct Slot {
-    work: PartitionWork,
+    work: PartitionWork<Work>,
     health: PartitionHealth,
     drained: Arc<Notify>,
 }
@@ -176,35 +177,63 @@ impl Engine {
         }
     }
 
-    /// Offers an event received from `partition`. Events of unassigned partitions are dropped
-    /// (they stay uncommitted, so nothing is lost).
-    pub fn offer(&self, partition: &TopicPartition, event: Event) {
-        let (offer, generation) = {
+    /// Offers an event or record received from `partition`. Those of unassigned partitions
+    /// are dropped (they stay uncommitted, so nothing is lost).
+    pub fn offer(&self, partition: &TopicPartition, work: impl Into<Work>) {
+        self.offer_batch(partition, vec![work.into()]);
+    }
+
+    /// Offers several records of one partition, in offset order, under one lock; the runners
+    /// they start are spawned together, so a batch costs one wakeup of the runtime.
+    pub fn offer_batch(&self, partition: &TopicPartition, batch: Vec<Work>) {
+        let mut start = Vec::new();
+        let generation = {
             let mut state = self.inner.state.lock();
             let Some(slot) = state.get_mut(partition) else {
-                warn!(%partition, "record of an unassigned partition dropped");
+                warn!(%partition, records = batch.len(), "records of an unassigned partition dropped");
                 return;
             };
-            let offer = slot.work.offer(event);
-            if matches!(
-                offer,
-                Offer::StartRunner(_) | Offer::Queued | Offer::Held { .. }
-            ) {
+            for work in batch {
+                match slot.work.offer(work) {
+                    Offer::StartRunner(key) => start.push(key),
+                    Offer::Duplicate => debug!(%partition, "redelivered record dropped"),
+                    Offer::Queued | Offer::Held | Offer::Revoked => {}
+                }
+                if slot.work.take_pause() {
+                    // Under the lock: a runner's resume must not overtake this pause, or the
+                    // partition would stay paused while the engine believes it runs.
+                    debug!(%partition, "backlog full: pausing");
+                    self.inner.flow.pause(partition);
+                }
+            }
+            if !slot.work.is_idle() {
                 slot.health.work_pending();
             }
-            if offer == (Offer::Held { pause: true }) {
-                // Under the lock: a runner's resume must not overtake this pause, or the
-                // partition would stay paused in Kafka while the engine believes it runs.
-                debug!(%partition, "backlog full: pausing");
-                self.inner.flow.pause(partition);
-            }
-            (offer, slot.work.generation())
+            slot.work.generation()
         };
-        match offer {
-            Offer::StartRunner(key) => self.spawn_runner(partition.clone(), generation, key),
-            Offer::Duplicate => debug!(%partition, "redelivered record dropped"),
-            Offer::Queued | Offer::Held { .. } | Offer::Revoked => {}
+        if start.is_empty() {
+            return;
         }
+        let engine = self.clone();
+        let partition = partition.clone();
+        // One task from this (non-runtime) thread; it spawns the runners on the runtime's local
+        // queue, which needs no cross-thread wakeup per runner.
+        self.inner.runtime.spawn(async move {
+            for key in start {
+                engine.spawn_runner(partition.clone(), generation, key);
+            }
+        });
+    }
+
+    /// How many more records `partition` accepts before its backlog is full (0 when paused or
+    /// unassigned): the poll loop reads no more than this from the partition's queue.
+    #[must_use]
+    pub fn room(&self, partition: &TopicPartition) -> usize {
+        self.inner
+            .state
+            .lock()
+            .get(partition)
+            .map_or(0, |slot| slot.work.room())
     }
 
     /// Marks a record that cannot become an event (it failed to decode) as done, so it does
@@ -319,9 +348,13 @@ impl Engine {
 
     fn spawn_runner(&self, partition: TopicPartition, generation: u64, key: Key) {
         let engine = self.clone();
-        self.inner
-            .runtime
-            .spawn(async move { engine.run_key(partition, generation, key).await });
+        let run = async move { engine.run_key(partition, generation, key).await };
+        // Inside the runtime, spawn locally; from a foreign thread, through the handle.
+        if Handle::try_current().is_ok() {
+            tokio::spawn(run);
+        } else {
+            self.inner.runtime.spawn(run);
+        }
     }
 
     /// Runs the events of one key, one at a time, until its queue is empty.
@@ -338,12 +371,22 @@ impl Engine {
                 else {
                     return;
                 };
-                let Some(event) = slot.work.next_for(&key) else {
+                let Some(work) = slot.work.next_for(&key) else {
                     return;
                 };
-                (event, slot.work.cancel_token().child_token())
+                (work, slot.work.cancel_token().clone())
             };
             let offset = event.offset();
+            let event = match event {
+                Work::Event(event) => event,
+                // Decoded here, off the poll thread; a value that is not JSON becomes a
+                // rejected event so the mode's failure policy routes it before it commits.
+                Work::Record(record) => record.into_routable(),
+            };
+            if let Event::Rejected(rejected) = &event {
+                error!(%partition, reason = %rejected.reason,
+                    "record rejected: cannot decode; the mode's failure policy routes it");
+            }
             let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
                 event,
                 cancel,

@@ -6,6 +6,8 @@ pub mod offsets;
 pub mod partition;
 pub mod poll_loop;
 pub mod topic_partition;
+pub mod wakeup;
+pub mod work;
 
 pub use admission::{Admission, Permit, PermitSlot, SemaphoreAdmission, TaskClass};
 pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome};

@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use tokio_util::sync::CancellationToken;
 
 use super::offsets::OffsetTracker;
-use crate::event::Event;
+use super::work::Keyed;
 
 /// What happened to an offered event.
 #[derive(Debug, PartialEq, Eq)]
@@ -26,12 +26,8 @@ pub enum Offer {
     StartRunner(Key),
     /// The key already has a runner; the event waits in its queue.
     Queued,
-    /// The backlog is full; the event is held outside the backlog until it drains. When
-    /// `pause` is true the partition just became full and must be paused in Kafka.
-    Held {
-        /// Pause the partition now.
-        pause: bool,
-    },
+    /// The backlog is full; the event is held outside the backlog until it drains.
+    Held,
     /// The offset was already received (a redelivery after a seek); the event is dropped.
     Duplicate,
     /// The partition is being revoked; the event is dropped (it stays uncommitted).
@@ -49,22 +45,23 @@ pub struct Finished {
     pub drained: bool,
 }
 
-/// The work of one assigned partition.
+/// The work of one assigned partition; `T` is what waits in the key queues.
 #[derive(Debug)]
-pub struct PartitionWork {
+pub struct PartitionWork<T> {
     generation: u64,
     max_backlog: usize,
     tracker: OffsetTracker,
-    keys: HashMap<Key, VecDeque<Event>>,
-    held: VecDeque<Event>,
+    keys: HashMap<Key, VecDeque<T>>,
+    held: VecDeque<T>,
     backlog: usize,
     running: usize,
     paused: bool,
+    pause_pending: bool,
     revoked: bool,
     cancel: CancellationToken,
 }
 
-impl PartitionWork {
+impl<T: Keyed> PartitionWork<T> {
     /// Fresh work for a newly assigned partition. `generation` distinguishes this assignment
     /// from earlier ones of the same partition, so runners of a revoked assignment cannot
     /// touch a later one. `max_backlog` (>= 1) bounds queued plus running events.
@@ -79,6 +76,7 @@ impl PartitionWork {
             backlog: 0,
             running: 0,
             paused: false,
+            pause_pending: false,
             revoked: false,
             cancel,
         }
@@ -98,7 +96,7 @@ impl PartitionWork {
 
     /// Offers a received event: admits it into its key's queue, or holds it when the backlog is
     /// full.
-    pub fn offer(&mut self, event: Event) -> Offer {
+    pub fn offer(&mut self, event: T) -> Offer {
         if self.revoked {
             return Offer::Revoked;
         }
@@ -109,14 +107,30 @@ impl PartitionWork {
         }
         if !self.held.is_empty() || self.backlog >= self.max_backlog {
             self.held.push_back(event);
-            let pause = !self.paused;
-            self.paused = true;
-            return Offer::Held { pause };
+            self.pause();
+            return Offer::Held;
         }
-        self.admit(event)
+        let offer = self.admit(event);
+        if self.backlog >= self.max_backlog {
+            self.pause();
+        }
+        offer
     }
 
-    fn admit(&mut self, event: Event) -> Offer {
+    fn pause(&mut self) {
+        if !self.paused {
+            self.paused = true;
+            self.pause_pending = true;
+        }
+    }
+
+    /// True once after the partition became paused (its backlog filled up): the caller pauses
+    /// it in Kafka.
+    pub fn take_pause(&mut self) -> bool {
+        std::mem::take(&mut self.pause_pending)
+    }
+
+    fn admit(&mut self, event: T) -> Offer {
         self.backlog += 1;
         match self.keys.entry(event.key().clone()) {
             Entry::Occupied(mut queue) => {
@@ -141,7 +155,7 @@ impl PartitionWork {
 
     /// The runner of `key` takes the key's next event. `None` means the queue is empty and the
     /// key is now idle (the runner must stop), or the partition was revoked.
-    pub fn next_for(&mut self, key: &Key) -> Option<Event> {
+    pub fn next_for(&mut self, key: &Key) -> Option<T> {
         if self.revoked {
             return None;
         }
@@ -202,6 +216,16 @@ impl PartitionWork {
         self.tracker.committable()
     }
 
+    /// How many more events are admitted before the backlog is full; 0 while paused.
+    #[must_use]
+    pub fn room(&self) -> usize {
+        if self.paused || self.revoked || !self.held.is_empty() {
+            0
+        } else {
+            self.max_backlog.saturating_sub(self.backlog)
+        }
+    }
+
     /// Events queued or running (held events excluded).
     #[must_use]
     pub fn backlog(&self) -> usize {
@@ -239,6 +263,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::event::Event;
 
     fn event(key: &str, offset: i64) -> Event {
         Event::Message(Message {
@@ -252,7 +277,7 @@ mod tests {
         })
     }
 
-    fn work(max_backlog: usize) -> PartitionWork {
+    fn work(max_backlog: usize) -> PartitionWork<Event> {
         PartitionWork::new(1, max_backlog, CancellationToken::new())
     }
 
@@ -299,9 +324,16 @@ mod tests {
         for offset in 0..4 {
             let offer = work.offer(event(&format!("k{offset}"), offset));
             assert!(matches!(offer, Offer::StartRunner(_)));
+            assert_eq!(
+                work.take_pause(),
+                offset == 3,
+                "pauses when the backlog fills"
+            );
         }
-        assert_eq!(work.offer(event("k9", 4)), Offer::Held { pause: true });
-        assert_eq!(work.offer(event("k9", 5)), Offer::Held { pause: false });
+        assert_eq!(work.room(), 0);
+        assert_eq!(work.offer(event("k9", 4)), Offer::Held);
+        assert_eq!(work.offer(event("k9", 5)), Offer::Held);
+        assert!(!work.take_pause(), "already paused");
         assert!(work.is_paused());
         assert_eq!(work.backlog(), 4);
 

@@ -4,6 +4,13 @@
 //! A dedicated OS thread (not a tokio task) polls because librdkafka runs the rebalance
 //! callback inside `poll`, and that callback must block until the revoked partitions' handlers
 //! finish and their offsets are committed, before the partitions are released.
+//!
+//! Every assigned partition gets its own librdkafka queue (`split_partition_queue`). A
+//! partition whose backlog is full is paused *here*, by no longer reading its queue: librdkafka
+//! stops fetching once that queue holds `queued.max.messages.kbytes`, and resumes where it
+//! stopped. Pausing through librdkafka's pause API instead would discard the prefetched
+//! records on every pause and fetch them again on resume, which under steady backpressure
+//! costs a broker round trip per few dozen records.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,8 +18,10 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use prosody_api::Offset;
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::BorrowedMessage;
@@ -22,8 +31,20 @@ use tracing::{debug, error, info, warn};
 
 use super::engine::{Engine, FlowControl};
 use super::topic_partition::TopicPartition;
+use super::wakeup::Wakeup;
+use super::work::Work;
 use crate::event::Event;
-use crate::kafka::decode::{DecodeLimits, decode, reject};
+use crate::kafka::decode::{DecodeLimits, capture, decode, reject};
+
+/// Records read from one partition queue before moving to the next, so one busy partition
+/// cannot starve the others within an iteration.
+const BATCH_PER_PARTITION: usize = 256;
+
+/// librdkafka's prefetch bound per partition queue, in KiB (`queued.max.messages.kbytes`).
+const PREFETCH_KBYTES_PER_PARTITION: &str = "4096";
+
+/// librdkafka's prefetch target per partition queue, in records (`queued.min.messages`).
+const PREFETCH_RECORDS_PER_PARTITION: &str = "10000";
 
 /// What the poll loop needs to know about Kafka.
 #[derive(Clone, Debug)]
@@ -36,7 +57,7 @@ pub struct PollSettings {
     pub topics: Vec<String>,
     /// How often committable offsets are committed.
     pub commit_interval: Duration,
-    /// The longest a single poll blocks (bounds how fast a stop request is noticed).
+    /// The longest the loop sleeps without checking for a stop request.
     pub poll_interval: Duration,
     /// Limits applied while decoding records.
     pub decode: DecodeLimits,
@@ -45,11 +66,19 @@ pub struct PollSettings {
 }
 
 type KafkaConsumer = BaseConsumer<RebalanceContext>;
+type Queue = PartitionQueue<RebalanceContext>;
 
-/// Routes librdkafka's rebalance callbacks to the engine.
+/// Routes librdkafka's rebalance callbacks to the engine and keeps the per-partition queues.
 struct RebalanceContext {
     engine: Engine,
     runtime: Handle,
+    wakeup: Arc<Wakeup>,
+    /// The consumer itself, to split partition queues from inside the callback. Weak: the
+    /// consumer owns this context.
+    consumer: OnceLock<Weak<KafkaConsumer>>,
+    /// Queues of assigned partitions. Each holds a strong reference to the consumer, so they
+    /// are removed on revocation and cleared before the consumer is dropped.
+    queues: Mutex<HashMap<TopicPartition, Arc<Queue>>>,
 }
 
 impl ClientContext for RebalanceContext {}
@@ -62,6 +91,10 @@ impl ConsumerContext for RebalanceContext {
                 info!(?partitions, "partitions revoked: draining");
                 let offsets = self.runtime.block_on(self.engine.revoke(&partitions));
                 commit(consumer, &offsets, CommitMode::Sync);
+                let mut queues = self.queues.lock();
+                for partition in &partitions {
+                    queues.remove(partition);
+                }
             }
             Rebalance::Assign(_) => {}
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
@@ -69,53 +102,53 @@ impl ConsumerContext for RebalanceContext {
     }
 
     fn post_rebalance(&self, _: &KafkaConsumer, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(list) = rebalance {
-            let partitions = partitions_of(list);
-            info!(?partitions, "partitions assigned");
-            self.engine.assign(partitions);
-        }
-    }
-}
-
-/// Pauses and resumes partitions on the live consumer. Holds it weakly: the consumer owns the
-/// context, which owns the engine, which owns this.
-#[derive(Default)]
-pub struct KafkaFlowControl {
-    consumer: OnceLock<Weak<KafkaConsumer>>,
-}
-
-impl KafkaFlowControl {
-    fn apply(&self, partition: &TopicPartition, pause: bool) {
-        let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) else {
+        let Rebalance::Assign(list) = rebalance else {
             return;
         };
-        let mut list = TopicPartitionList::new();
-        list.add_partition(partition.topic.as_str(), partition.partition.0);
-        let result = if pause {
-            consumer.pause(&list)
-        } else {
-            consumer.resume(&list)
-        };
-        if let Err(error) = result {
-            // Pausing a partition revoked a moment ago fails harmlessly.
-            debug!(%partition, %error, pause, "pause/resume failed");
+        let partitions = partitions_of(list);
+        info!(?partitions, "partitions assigned");
+        // Split after the assignment: assigning resets queue forwarding. Fetching starts
+        // asynchronously, so records reach the split queues; any that reached the main queue
+        // first are drained before the split queues on the next iteration, keeping order.
+        if let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) {
+            let mut queues = self.queues.lock();
+            for partition in &partitions {
+                let split =
+                    consumer.split_partition_queue(partition.topic.as_str(), partition.partition.0);
+                if let Some(mut queue) = split {
+                    let wakeup = self.wakeup.clone();
+                    queue.set_nonempty_callback(move || wakeup.notify());
+                    queues.insert(partition.clone(), Arc::new(queue));
+                } else {
+                    warn!(%partition, "no queue for an assigned partition");
+                }
+            }
         }
+        self.engine.assign(partitions);
+        self.wakeup.notify();
     }
 }
 
-impl FlowControl for KafkaFlowControl {
-    fn pause(&self, partition: &TopicPartition) {
-        self.apply(partition, true);
-    }
+/// Pausing needs no call into librdkafka: the poll loop reads only what a partition has
+/// [room](Engine::room) for (see the module docs). Resuming must wake the poll thread, which
+/// may be asleep because every partition was full.
+#[derive(Debug, Default)]
+pub struct QueueFlowControl {
+    wakeup: Arc<Wakeup>,
+}
 
-    fn resume(&self, partition: &TopicPartition) {
-        self.apply(partition, false);
+impl FlowControl for QueueFlowControl {
+    fn pause(&self, _: &TopicPartition) {}
+
+    fn resume(&self, _: &TopicPartition) {
+        self.wakeup.notify();
     }
 }
 
 /// A running poll loop. Stop it with [`PollLoop::stop`]; dropping it stops it too.
 pub struct PollLoop {
     stop: Arc<AtomicBool>,
+    wakeup: Arc<Wakeup>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -128,7 +161,7 @@ impl PollLoop {
     pub fn start(
         settings: &PollSettings,
         engine: Engine,
-        flow: &Arc<KafkaFlowControl>,
+        flow: &Arc<QueueFlowControl>,
         runtime: Handle,
     ) -> KafkaResult<Self> {
         let mut config = ClientConfig::new();
@@ -139,19 +172,34 @@ impl PollLoop {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
-            .set("partition.assignment.strategy", "cooperative-sticky");
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            // With a queue per partition, librdkafka's prefetch bounds apply per partition,
+            // not per consumer: its defaults (64 MiB, 100,000 records) would let a consumer of
+            // many partitions buffer gigabytes. A few MiB per partition covers a fetch round
+            // trip at full speed.
+            .set("queued.max.messages.kbytes", PREFETCH_KBYTES_PER_PARTITION)
+            .set("queued.min.messages", PREFETCH_RECORDS_PER_PARTITION);
         for (name, value) in &settings.overrides {
             config.set(name, value);
         }
+        let wakeup = flow.wakeup.clone();
         let context = RebalanceContext {
             engine: engine.clone(),
             runtime,
+            wakeup: wakeup.clone(),
+            consumer: OnceLock::new(),
+            queues: Mutex::new(HashMap::new()),
         };
-        let consumer: Arc<KafkaConsumer> = Arc::new(config.create_with_context(context)?);
+        let mut consumer: KafkaConsumer = config.create_with_context(context)?;
+        consumer.set_nonempty_callback({
+            let wakeup = wakeup.clone();
+            move || wakeup.notify()
+        });
+        let consumer = Arc::new(consumer);
+        // Set before subscribing, so the first assignment can split its queues.
+        let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
         let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
-        // Set once, right after creation and before any record can cause a pause.
-        let _ = flow.consumer.set(Arc::downgrade(&consumer));
 
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
@@ -166,6 +214,7 @@ impl PollLoop {
             })?;
         Ok(Self {
             stop,
+            wakeup,
             thread: Some(thread),
         })
     }
@@ -173,7 +222,7 @@ impl PollLoop {
     /// Stops polling, drains every partition (within the engine's shutdown timeout), commits,
     /// leaves the group, and waits for the thread to end.
     pub async fn stop(mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.request_stop();
         if let Some(thread) = self.thread.take() {
             // The thread blocks on the engine's drain; wait for it off the async workers.
             let joined = tokio::task::spawn_blocking(move || thread.join()).await;
@@ -182,11 +231,16 @@ impl PollLoop {
             }
         }
     }
+
+    fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wakeup.notify();
+    }
 }
 
 impl Drop for PollLoop {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.request_stop();
     }
 }
 
@@ -196,28 +250,88 @@ fn poll_until_stopped(
     settings: &PollSettings,
     stop: &AtomicBool,
 ) {
+    let context = consumer.context();
     let mut committed: HashMap<TopicPartition, Offset> = HashMap::new();
     let mut last_commit = Instant::now();
     while !stop.load(Ordering::SeqCst) {
-        match consumer.poll(settings.poll_interval) {
-            Some(Ok(record)) => receive(engine, &record, &settings.decode),
-            Some(Err(error)) => warn!(%error, "consumer error"),
-            None => {}
+        // The main queue serves rebalances and errors, and holds records fetched before their
+        // partition's queue was split; those come first to keep each partition in order.
+        let mut received = drain_main_queue(consumer, engine, &settings.decode);
+        let queues: Vec<(TopicPartition, Arc<Queue>)> = context
+            .queues
+            .lock()
+            .iter()
+            .map(|(partition, queue)| (partition.clone(), queue.clone()))
+            .collect();
+        for (partition, queue) in &queues {
+            received += read_partition(engine, partition, queue, &settings.decode);
         }
         if last_commit.elapsed() >= settings.commit_interval {
             commit_changed(consumer, engine, &mut committed);
             last_commit = Instant::now();
         }
+        if received == 0 {
+            context.wakeup.wait(settings.poll_interval);
+        }
     }
     let partitions = engine.assigned();
-    let offsets = consumer
-        .context()
-        .runtime
-        .block_on(engine.revoke(&partitions));
+    let offsets = context.runtime.block_on(engine.revoke(&partitions));
     commit(consumer, &offsets, CommitMode::Sync);
-    // Leaving the group happens when the last reference drops: librdkafka's close runs the
-    // revoke callback once more, which finds nothing left to drain.
+    // Partition queues hold the consumer: release them so it can close when dropped. Leaving
+    // the group happens then: librdkafka's close runs the revoke callback once more, which
+    // finds nothing left to drain.
+    context.queues.lock().clear();
     consumer.unsubscribe();
+}
+
+fn drain_main_queue(consumer: &KafkaConsumer, engine: &Engine, limits: &DecodeLimits) -> usize {
+    let mut received = 0;
+    while let Some(result) = consumer.poll(Duration::ZERO) {
+        match result {
+            Ok(record) => {
+                receive(engine, &record, limits);
+                received += 1;
+            }
+            Err(error) => warn!(%error, "consumer error"),
+        }
+    }
+    received
+}
+
+/// Reads what the partition has room for and offers it as one batch. A record that cannot be
+/// captured is offered in its place as a rejected event for the failure policy.
+fn read_partition(
+    engine: &Engine,
+    partition: &TopicPartition,
+    queue: &Queue,
+    limits: &DecodeLimits,
+) -> usize {
+    let room = engine.room(partition).min(BATCH_PER_PARTITION);
+    let mut batch = Vec::with_capacity(room);
+    let mut received = 0;
+    while received < room {
+        match queue.poll(Duration::ZERO) {
+            Some(Ok(record)) => {
+                received += 1;
+                match capture(&record, &partition.topic, limits) {
+                    Ok(captured) => batch.push(Work::Record(captured)),
+                    Err(problem) => {
+                        error!(%partition, %problem,
+                            "record rejected: cannot decode; the mode's failure policy routes it");
+                        // Queued in its place so its offset commits only once the policy ran.
+                        let rejected = reject(&record, &problem, limits);
+                        batch.push(Work::Event(Event::Rejected(Box::new(rejected))));
+                    }
+                }
+            }
+            Some(Err(error)) => warn!(%partition, %error, "partition error"),
+            None => break,
+        }
+    }
+    if !batch.is_empty() {
+        engine.offer_batch(partition, batch);
+    }
+    received
 }
 
 fn receive(engine: &Engine, record: &BorrowedMessage<'_>, limits: &DecodeLimits) {

@@ -86,53 +86,158 @@ impl Default for DecodeLimits {
     }
 }
 
-/// Decodes `record`. A null value makes an excise event; anything else must be JSON.
+/// A record taken off a partition queue, validated and copied but not yet parsed: the poll
+/// thread only checks what routing needs (the key) and the size limit, so parsing JSON happens
+/// on the worker that handles the record, in parallel with others.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    topic: Topic,
+    partition: Partition,
+    offset: Offset,
+    timestamp: Timestamp,
+    key: Key,
+    headers: Headers,
+    value: Option<Vec<u8>>,
+}
+
+impl Captured {
+    /// The record's key.
+    #[must_use]
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The record's offset.
+    #[must_use]
+    pub fn offset(&self) -> Offset {
+        self.offset
+    }
+
+    /// [`into_event`](Self::into_event) for the engine: a value that is not JSON becomes an
+    /// [`Event::Rejected`] carrying the raw bytes, so the failure policy can forward them.
+    #[must_use]
+    pub fn into_routable(self) -> Event {
+        let Some(value) = &self.value else {
+            return Event::Excise(ExciseMessage {
+                topic: self.topic,
+                partition: self.partition,
+                offset: self.offset,
+                timestamp: self.timestamp,
+                key: self.key,
+                headers: self.headers,
+            });
+        };
+        match serde_json::from_slice(value) {
+            Ok(payload) => Event::Message(Message {
+                topic: self.topic,
+                partition: self.partition,
+                offset: self.offset,
+                timestamp: self.timestamp,
+                key: self.key,
+                payload,
+                headers: self.headers,
+            }),
+            Err(error) => {
+                let reason = DecodeError {
+                    topic: self.topic.clone(),
+                    partition: self.partition,
+                    offset: self.offset,
+                    problem: DecodeProblem::NotJson(error),
+                }
+                .to_string();
+                Event::Rejected(Box::new(RejectedRecord {
+                    raw_key: Some(self.key.as_str().as_bytes().to_vec()),
+                    topic: self.topic,
+                    partition: self.partition,
+                    offset: self.offset,
+                    key: self.key,
+                    raw_value: self.value,
+                    headers: self.headers,
+                    reason,
+                }))
+            }
+        }
+    }
+
+    /// Parses the value: a null value is an excise record, anything else must be JSON.
+    ///
+    /// # Errors
+    /// [`DecodeProblem::NotJson`] when the value is not JSON.
+    pub fn into_event(self) -> Result<Event, DecodeError> {
+        let Some(value) = self.value else {
+            return Ok(Event::Excise(ExciseMessage {
+                topic: self.topic,
+                partition: self.partition,
+                offset: self.offset,
+                timestamp: self.timestamp,
+                key: self.key,
+                headers: self.headers,
+            }));
+        };
+        match serde_json::from_slice(&value) {
+            Ok(payload) => Ok(Event::Message(Message {
+                topic: self.topic,
+                partition: self.partition,
+                offset: self.offset,
+                timestamp: self.timestamp,
+                key: self.key,
+                payload,
+                headers: self.headers,
+            })),
+            Err(error) => Err(DecodeError {
+                topic: self.topic,
+                partition: self.partition,
+                offset: self.offset,
+                problem: DecodeProblem::NotJson(error),
+            }),
+        }
+    }
+}
+
+/// Validates and copies a record for routing: key present, non-empty and UTF-8, value within
+/// the size limit. `topic` is the record's topic, passed in so the caller can share one
+/// allocation for every record of a partition.
 ///
 /// # Errors
-/// A [`DecodeError`] for a missing, empty or non-UTF-8 key, a value over
-/// [`DecodeLimits::max_value_bytes`], or a value that is not JSON.
-pub fn decode<M: RdMessage>(record: &M, limits: &DecodeLimits) -> Result<Event, DecodeError> {
+/// A [`DecodeError`] naming the record and the problem.
+pub fn capture<M: RdMessage>(
+    record: &M,
+    topic: &Topic,
+    limits: &DecodeLimits,
+) -> Result<Captured, DecodeError> {
     let fail = |problem| DecodeError {
-        topic: Topic::from(record.topic()),
+        topic: topic.clone(),
         partition: Partition(record.partition()),
         offset: Offset(record.offset()),
         problem,
     };
     let key = decode_key(record.key()).map_err(fail)?;
-    let topic = Topic::from(record.topic());
-    let partition = Partition(record.partition());
-    let offset = Offset(record.offset());
-    let timestamp = Timestamp::from_millis(record.timestamp().to_millis().unwrap_or(NO_TIMESTAMP));
-    let headers = record.headers().map(read_headers).unwrap_or_default();
-
-    let Some(value) = record.payload() else {
-        return Ok(Event::Excise(ExciseMessage {
-            topic,
-            partition,
-            offset,
-            timestamp,
-            key,
-            headers,
-        }));
-    };
-    // Checked before parsing so an oversized record costs no parse time.
-    if value.len() > limits.max_value_bytes {
+    let value = record.payload();
+    if let Some(value) = value
+        && value.len() > limits.max_value_bytes
+    {
         return Err(fail(DecodeProblem::ValueTooLarge {
             size: value.len(),
             max: limits.max_value_bytes,
         }));
     }
-    let payload =
-        serde_json::from_slice(value).map_err(|error| fail(DecodeProblem::NotJson(error)))?;
-    Ok(Event::Message(Message {
-        topic,
-        partition,
-        offset,
-        timestamp,
+    Ok(Captured {
+        topic: topic.clone(),
+        partition: Partition(record.partition()),
+        offset: Offset(record.offset()),
+        timestamp: Timestamp::from_millis(record.timestamp().to_millis().unwrap_or(NO_TIMESTAMP)),
         key,
-        payload,
-        headers,
-    }))
+        headers: record.headers().map(read_headers).unwrap_or_default(),
+        value: value.map(<[u8]>::to_vec),
+    })
+}
+
+/// Decodes a record in one step: [`capture`] then [`Captured::into_event`].
+///
+/// # Errors
+/// As for both steps.
+pub fn decode<M: RdMessage>(record: &M, limits: &DecodeLimits) -> Result<Event, DecodeError> {
+    capture(record, &Topic::from(record.topic()), limits)?.into_event()
 }
 
 /// Keeps what the failure topic needs of a record `decode` rejected: its raw key and value
@@ -374,6 +479,32 @@ mod tests {
                 "cannot decode record at orders/3@42: the key is missing"
             );
         }
+    }
+
+    #[test]
+    fn routable_event_turns_a_value_that_is_not_json_into_a_rejected_event() {
+        let limits = DecodeLimits::default();
+        let bad = record(Some(b"k1"), Some(b"{not json"));
+        let routed = capture(&bad, &Topic::from("orders"), &limits)
+            .expect("key and size are fine")
+            .into_routable();
+        let Event::Rejected(rejected) = routed else {
+            panic!("expected a rejected event, got {routed:?}");
+        };
+        assert_eq!(rejected.raw_value.as_deref(), Some(&b"{not json"[..]));
+        assert_eq!(rejected.raw_key.as_deref(), Some(&b"k1"[..]));
+        assert!(
+            rejected
+                .reason
+                .starts_with("cannot decode record at orders/3@42: the value is not JSON"),
+            "{}",
+            rejected.reason
+        );
+        let good = record(Some(b"k1"), Some(b"{}"));
+        let routed = capture(&good, &Topic::from("orders"), &limits)
+            .expect("fine")
+            .into_routable();
+        assert!(matches!(routed, Event::Message(_)), "{routed:?}");
     }
 
     #[test]

@@ -1,0 +1,10 @@
+//! The `DeferStore` conformance suite against the real Cassandra (`scripts/services up`).
+
+mod common;
+
+use prosody_api::conformance::Options;
+
+prosody_api::defer_store_conformance!(
+    crate::factory!(common::Shared::new()),
+    Options::default().with_cases(64)
+);

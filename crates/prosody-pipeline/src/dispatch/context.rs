@@ -9,6 +9,7 @@ use prosody_api::{
     TimerTime,
 };
 use serde_json::Value;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// The context of one attempt of one event: its key, its cancellation, and (as their issues
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 pub struct AttemptContext {
     key: Key,
     cancel: CancellationToken,
+    deadline: Option<Instant>,
     attempt: u32,
     ended: AtomicBool,
 }
@@ -35,9 +37,17 @@ impl AttemptContext {
         Self {
             key,
             cancel,
+            deadline: None,
             attempt,
             ended: AtomicBool::new(false),
         }
+    }
+
+    /// The context reports cancellation from `deadline` on too (the handler timeout).
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
     }
 
     /// The attempt number, from 1.
@@ -94,10 +104,19 @@ impl TimerContext for AttemptContext {
 impl Cancellation for AttemptContext {
     fn should_cancel(&self) -> bool {
         self.cancel.is_cancelled()
+            || self
+                .deadline
+                .is_some_and(|deadline| Instant::now() >= deadline)
     }
 
     async fn cancelled(&self) {
-        self.cancel.cancelled().await;
+        match self.deadline {
+            Some(deadline) => tokio::select! {
+                () = self.cancel.cancelled() => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            },
+            None => self.cancel.cancelled().await,
+        }
     }
 }
 

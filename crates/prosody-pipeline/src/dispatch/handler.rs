@@ -62,7 +62,8 @@ impl<H: EventHandler> HandlerService<H> {
 impl<H: EventHandler> Service for HandlerService<H> {
     async fn call(&self, task: Task) -> Verdict {
         let context =
-            AttemptContext::for_attempt(task.event.key().clone(), task.cancel, task.attempt);
+            AttemptContext::for_attempt(task.event.key().clone(), task.cancel, task.attempt)
+                .with_deadline(task.deadline);
         let verdict = self.run(&task.event, &context).await;
         context.end();
         verdict

@@ -39,6 +39,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::Value;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::consumer::PermitSlot;
@@ -52,13 +53,38 @@ pub use stack::{ModePolicy, StackDispatch, StackSettings};
 pub struct Task {
     /// The event.
     pub event: Arc<Event>,
-    /// Fires when the attempt must stop: revocation and shutdown, and (below the timeout
-    /// layer) the handler timeout.
+    /// Fires when the work must stop: revocation and shutdown.
     pub cancel: CancellationToken,
+    /// Past this instant the attempt counts as cancelled too (set by the timeout layer).
+    /// A deadline rather than a timer per attempt: nothing is registered unless the handler
+    /// actually waits for cancellation.
+    pub deadline: Option<Instant>,
     /// The attempt number, from 1.
     pub attempt: u32,
     /// The admission permit of the event's dispatch.
     pub permit: PermitSlot,
+}
+
+impl Task {
+    /// True once the work is cancelled or the deadline has passed.
+    #[must_use]
+    pub fn should_cancel(&self) -> bool {
+        self.cancel.is_cancelled()
+            || self
+                .deadline
+                .is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
+    /// Resolves when the work is cancelled or the deadline passes.
+    pub async fn cancelled(&self) {
+        match self.deadline {
+            Some(deadline) => tokio::select! {
+                () = self.cancel.cancelled() => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            },
+            None => self.cancel.cancelled().await,
+        }
+    }
 }
 
 /// Why an attempt or an event did not succeed.

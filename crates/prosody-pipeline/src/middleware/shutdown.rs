@@ -57,7 +57,9 @@ impl Service for Shutdown {
         let key = task.event.key().clone();
         let running = self.inner.call(task);
         tokio::pin!(running);
+        // Biased: an attempt that finishes at once never registers with the token.
         tokio::select! {
+            biased;
             verdict = &mut running => verdict,
             () = async {
                 cancel.cancelled().await;

@@ -157,6 +157,7 @@ impl Dispatch for StackDispatch {
         let task = Task {
             event: Arc::new(event),
             cancel,
+            deadline: None,
             attempt: 1,
             permit,
         };
@@ -276,7 +277,7 @@ pub(crate) mod testing {
                 Script::Succeed | Script::FailFirst(..) => Ok(Value::Null),
                 Script::Hang => std::future::pending().await,
                 Script::UntilCancelled(kind) => {
-                    task.cancel.cancelled().await;
+                    task.cancelled().await;
                     self.cancelled_seen.fetch_add(1, Ordering::SeqCst);
                     Err(Failure::new(kind, "cancelled", task.attempt))
                 }
@@ -328,6 +329,7 @@ pub(crate) mod testing {
         Task {
             event: Arc::new(event),
             cancel: CancellationToken::new(),
+            deadline: None,
             attempt: 1,
             permit: PermitSlot::default(),
         }

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use super::{Layer, Service, Task, Verdict};
 use crate::event::Event;
 use crate::telemetry::propagation::relate;
-use crate::telemetry::{LifecycleEvent, SpanRelation, Stage, TelemetrySink};
+use crate::telemetry::{LifecycleEvent, SpanRelation, Stage, TelemetrySink, handler_spans_wanted};
 
 /// Spans and lifecycle events around the handler.
 pub struct Telemetry {
@@ -67,6 +67,24 @@ fn describe(event: &Event) -> (&'static str, &str, i32, &prosody_api::Headers) {
 }
 
 impl Telemetry {
+    /// The handler span of `task`, related to the trace context in its record's headers.
+    fn span(&self, task: &Task) -> tracing::Span {
+        let (kind, topic, partition, headers) = describe(&task.event);
+        let span = tracing::info_span!(
+            "prosody.handle",
+            event = kind,
+            key = %task.event.key(),
+            topic,
+            partition,
+            offset = task.event.offset().map(|offset| offset.0),
+            attempt = task.attempt,
+        );
+        if !span.is_disabled() {
+            relate(&span, headers, self.settings.message_spans);
+        }
+        span
+    }
+
     fn emit(&self, task: &Task, stage: Stage, duration: Option<f64>, error: Option<String>) {
         let Some(sink) = &self.settings.sink else {
             return;
@@ -91,22 +109,16 @@ impl Telemetry {
 #[async_trait]
 impl Service for Telemetry {
     async fn call(&self, task: Task) -> Verdict {
-        let (kind, topic, partition, headers) = describe(&task.event);
-        let span = tracing::info_span!(
-            "prosody.handle",
-            event = kind,
-            key = %task.event.key(),
-            topic,
-            partition,
-            offset = task.event.offset().map(|offset| offset.0),
-            attempt = task.attempt,
-        );
-        if !span.is_disabled() {
-            relate(&span, headers, self.settings.message_spans);
-        }
         self.emit(&task, Stage::Dispatched, None, None);
         let started = Instant::now();
-        let verdict = self.inner.call(task.clone()).instrument(span).await;
+        let verdict = if handler_spans_wanted() {
+            self.inner
+                .call(task.clone())
+                .instrument(self.span(&task))
+                .await
+        } else {
+            self.inner.call(task.clone()).await
+        };
         let duration = Some(started.elapsed().as_secs_f64() * 1_000.0);
         match &verdict {
             Ok(_) => self.emit(&task, Stage::Succeeded, duration, None),

@@ -1,20 +1,22 @@
-//! Handler timeout: an attempt running past `timeoutMs` has its cancellation fired, so the
-//! handler's context reports `should_cancel` and `cancelled()` resolves. The handler decides
-//! how to stop; what it returns is the attempt's verdict (an error after a timeout is a
-//! transient failure like any other, so the mode's retry policy applies).
+//! Handler timeout: an attempt gets a deadline `timeoutMs` away, from which its context
+//! reports `should_cancel` and its `cancelled()` resolves. The handler decides how to stop;
+//! what it returns is the attempt's verdict (an error after a timeout is a transient failure
+//! like any other, so the mode's retry policy applies).
 //!
-//! Each attempt gets a child of the dispatch's token: revocation and shutdown still reach
-//! the handler, and firing the timeout does not cancel later attempts.
+//! The deadline belongs to the attempt: revocation and shutdown still reach the handler, and
+//! a later attempt gets a fresh deadline. A deadline costs nothing on the hot path (no timer,
+//! no child token); only a handler that waits for cancellation arms a timer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Layer, Service, Task, Verdict};
 
-/// Fires the attempt's cancellation at its deadline.
+/// Gives each attempt its deadline.
 pub struct Timeout {
     timeout: Duration,
     inner: Arc<dyn Service>,
@@ -22,7 +24,7 @@ pub struct Timeout {
 
 /// Builds a [`Timeout`].
 pub struct TimeoutLayer {
-    /// The longest an attempt runs before its cancellation fires.
+    /// How long an attempt runs before its context reports cancellation.
     pub timeout: Duration,
 }
 
@@ -38,20 +40,21 @@ impl Layer for TimeoutLayer {
 #[async_trait]
 impl Service for Timeout {
     async fn call(&self, mut task: Task) -> Verdict {
-        let token = task.cancel.child_token();
-        task.cancel = token.clone();
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        task.deadline = Some(
+            task.deadline
+                .map_or(deadline, |earlier| earlier.min(deadline)),
+        );
         let key = task.event.key().clone();
         let attempt = task.attempt;
-        let running = self.inner.call(task);
-        tokio::pin!(running);
-        tokio::select! {
-            biased;
-            verdict = &mut running => return verdict,
-            () = tokio::time::sleep(self.timeout) => {}
+        let verdict = self.inner.call(task).await;
+        let ran = started.elapsed();
+        if ran > self.timeout {
+            warn!(%key, attempt, timeout = ?self.timeout, ?ran,
+                "handler ran past its timeout; its context reported cancellation at the deadline");
         }
-        warn!(%key, attempt, timeout = ?self.timeout, "handler timed out: cancelling it");
-        token.cancel();
-        running.await
+        verdict
     }
 }
 
@@ -71,11 +74,30 @@ mod tests {
         .wrap(calls.clone());
         let task = task(message("k", json!({})));
         let parent = task.cancel.clone();
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         let verdict = layer.call(task).await;
         assert_eq!(started.elapsed(), Duration::from_millis(250));
         assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
-        assert!(!parent.is_cancelled(), "later attempts keep a live token");
+        assert_eq!(calls.cancelled_seen(), 1);
+        assert!(!parent.is_cancelled(), "later attempts are not cancelled");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_dispatch_cancellation_still_reaches_the_attempt() {
+        let calls = Calls::until_cancelled(FailureKind::Cancelled);
+        let layer = Box::new(TimeoutLayer {
+            timeout: Duration::from_secs(60),
+        })
+        .wrap(calls.clone());
+        let task = task(message("k", json!({})));
+        let cancel = task.cancel.clone();
+        let running = tokio::spawn(async move { layer.call(task).await });
+        calls.wait_for(1).await;
+        let started = Instant::now();
+        cancel.cancel();
+        let verdict = running.await.expect("joined");
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Cancelled));
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,6 +8,7 @@
 //! spans then go wherever that subscriber sends them.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -18,6 +19,17 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, fmt};
 
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+/// False only when Prosody installed the subscriber itself without a trace exporter: then no
+/// layer records handler spans, and creating one per attempt would be pure cost. With the
+/// application's own subscriber we cannot tell, so spans are made.
+static HANDLER_SPANS: AtomicBool = AtomicBool::new(true);
+
+/// Whether the telemetry layer should create handler spans.
+#[must_use]
+pub fn handler_spans_wanted() -> bool {
+    HANDLER_SPANS.load(Ordering::Relaxed)
+}
 
 /// True when the environment asks for OTLP trace export.
 fn otlp_requested() -> bool {
@@ -63,10 +75,13 @@ pub fn init_tracing(filter: &str) -> bool {
         .with(otel)
         .try_init()
         .is_ok();
-    if installed && let Some(provider) = provider {
-        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-        opentelemetry::global::set_tracer_provider(provider.clone());
-        let _ = PROVIDER.set(provider);
+    if installed {
+        HANDLER_SPANS.store(provider.is_some(), Ordering::Relaxed);
+        if let Some(provider) = provider {
+            opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+            opentelemetry::global::set_tracer_provider(provider.clone());
+            let _ = PROVIDER.set(provider);
+        }
     }
     installed
 }

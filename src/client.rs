@@ -3,10 +3,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use prosody_api::storage::{DedupStore, Ttl};
-use prosody_api::{EventHandler, SystemClock};
+use prosody_api::storage::{DedupStore, TimerStore, Ttl};
+use prosody_api::{EventHandler, SlabSize, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
-use prosody_pipeline::consumer::{Engine, EngineLimits, Load};
+use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::kafka::decode::DecodeLimits;
 use prosody_pipeline::kafka::mock::MockKafka;
@@ -19,12 +19,14 @@ use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
 use prosody_pipeline::probes::{HealthRegistry, ProbeConfig, ProbeServer};
 use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
 use prosody_pipeline::telemetry::{self, TelemetrySink, TraceInjector};
+use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
 use serde_json::Value;
+use storage_memory::MemoryTimerStore;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OnceCell};
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::config::{ClientOptions, Config, Mode, SpanRelation};
+use crate::config::{ClientOptions, Config, Mode, SpanRelation, StorageBackend};
 use crate::error::ClientError;
 
 /// Partitions of each subscribed topic that mock mode creates in its in-process cluster.
@@ -67,6 +69,7 @@ struct Inner {
     health: HealthRegistry,
     probe_address: parking_lot::Mutex<Option<SocketAddr>>,
     shutdown: OnceCell<()>,
+    timer_store: Arc<dyn TimerStore>,
     // Declared last so it is dropped after every client using it.
     _mock: Option<MockKafka>,
 }
@@ -90,13 +93,32 @@ impl ProsodyClient {
     /// Creates a client from a resolved configuration. In mock mode with no bootstrap servers
     /// it starts librdkafka's in-process mock cluster.
     ///
+    /// Timers are kept by the configured storage backend. With the memory backend (and in mock
+    /// mode) they live in this process only: a restart loses every pending timer, and another
+    /// client taking over a partition does not see them.
+    ///
     /// # Errors
     /// When the producer cannot be created or the mock cluster cannot start.
+    pub async fn new(config: Config) -> Result<Self, ClientError> {
+        let timer_store = default_timer_store(&config);
+        Self::with_timer_store(config, timer_store).await
+    }
+
+    /// Creates a client whose timers live in `timer_store` instead of the configured backend's.
+    /// Clients given the same store share their timers as clients of one durable backend do,
+    /// which lets a test move partitions (and their timers) between clients in one process.
+    /// The store's slab size wins over the configured `slabSizeMs`.
+    ///
+    /// # Errors
+    /// As for [`ProsodyClient::new`].
     #[allow(
         clippy::unused_async,
         reason = "the public contract is async: storage backends connect here"
     )]
-    pub async fn new(config: Config) -> Result<Self, ClientError> {
+    pub async fn with_timer_store(
+        config: Config,
+        timer_store: Arc<dyn TimerStore>,
+    ) -> Result<Self, ClientError> {
         telemetry::init_tracing(&config.telemetry.log_filter);
         let mock = if config.kafka.mock && config.kafka.bootstrap_servers.is_empty() {
             let mock = MockKafka::start(1).map_err(ClientError::kafka)?;
@@ -139,6 +161,7 @@ impl ProsodyClient {
                 health: HealthRegistry::new(),
                 probe_address: parking_lot::Mutex::new(None),
                 shutdown: OnceCell::new(),
+                timer_store,
                 _mock: mock,
             }),
         })
@@ -148,6 +171,12 @@ impl ProsodyClient {
     #[must_use]
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The store that keeps this client's timers.
+    #[must_use]
+    pub fn timer_store(&self) -> &Arc<dyn TimerStore> {
+        &self.inner.timer_store
     }
 
     /// The bootstrap servers in use (the mock cluster's in mock mode).
@@ -223,6 +252,16 @@ impl ProsodyClient {
         if config.consumer.subscribed_topics.is_empty() {
             return Err(ClientError::NoTopics);
         }
+        let timers = Timers::new(
+            self.inner.timer_store.clone(),
+            config.kafka.group_id.clone(),
+            Arc::new(SystemClock),
+            TimerSettings {
+                // A burst of due timers may occupy the key queues as much as records may.
+                max_in_flight: config.consumer.max_uncommitted.get(),
+                ..TimerSettings::default()
+            },
+        );
         let telemetry = config.telemetry.enabled.then(|| {
             TelemetrySink::start(
                 self.inner.producer.clone(),
@@ -239,8 +278,8 @@ impl ProsodyClient {
             cache_size: config.scheduler.cache_size.get() as u64,
         }));
         let dispatch = Arc::new(StackDispatch::new(
-            self.stack_settings(scheduler.clone(), telemetry.clone()),
-            Arc::new(HandlerService::new(Arc::new(handler))),
+            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers),
+            Arc::new(HandlerService::new(Arc::new(handler)).with_timers(timers.clone())),
         ));
         let flow = Arc::new(QueueFlowControl::default());
         let engine = Engine::with_admission(
@@ -254,6 +293,7 @@ impl ProsodyClient {
             flow.clone(),
             self.inner.health.clone(),
             Handle::current(),
+            Some(timers),
         );
         let settings = PollSettings {
             bootstrap_servers: self.inner.bootstrap_servers.clone(),
@@ -378,6 +418,19 @@ impl ProsodyClient {
         self.inner.engine.lock().as_ref().map(Engine::load)
     }
 
+    /// The in-memory timers of each assigned partition (loaded, firing, last slab read); empty
+    /// when not subscribed. For metrics, tests and the timer scale benchmark.
+    #[must_use]
+    pub fn timer_stats(&self) -> Vec<(TopicPartition, QueueStats)> {
+        self.inner
+            .engine
+            .lock()
+            .as_ref()
+            .and_then(Engine::timers)
+            .map(Timers::all_stats)
+            .unwrap_or_default()
+    }
+
     async fn stop(&self, subscription: Subscription) {
         let Subscription {
             poll,
@@ -403,6 +456,7 @@ impl ProsodyClient {
         &self,
         scheduler: Arc<FairScheduler>,
         telemetry: Option<TelemetrySink>,
+        timers: &Timers,
     ) -> StackSettings {
         let config = &self.inner.config;
         let retry = RetryPolicy {
@@ -433,6 +487,7 @@ impl ProsodyClient {
             group_id: config.kafka.group_id.clone(),
             allowed_events: config.consumer.allowed_events.clone(),
             failures,
+            timers: Some(timers.clone()),
             retry,
             dedup: DedupLayer {
                 store: dedup_store(config),
@@ -497,4 +552,23 @@ fn dedup_store(_config: &Config) -> Arc<dyn DedupStore> {
 fn dedup_ttl(ttl: std::time::Duration) -> Ttl {
     let secs = u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX).max(1);
     Ttl::from_secs(secs).unwrap_or(Ttl::new(std::num::NonZeroU32::MIN))
+}
+
+/// The timer store of the configured backend.
+fn default_timer_store(config: &Config) -> Arc<dyn TimerStore> {
+    // Validated at configuration time: a whole number of seconds, at least one.
+    let slab_size = u32::try_from(config.timers.slab_size.as_secs())
+        .ok()
+        .and_then(SlabSize::from_secs)
+        .unwrap_or_default();
+    if config.storage.backend != StorageBackend::Memory {
+        // Until the durable backends are wired into the client, say loudly that timers will
+        // not survive a restart rather than fail a configuration that is otherwise valid.
+        warn!(
+            backend = ?config.storage.backend,
+            "durable timer storage is not wired into the client yet: timers are kept in memory \
+             and are lost on restart"
+        );
+    }
+    Arc::new(MemoryTimerStore::new(slab_size))
 }

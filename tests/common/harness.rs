@@ -198,8 +198,22 @@ impl EventHandler for RecordingHandler {
     }
 }
 
+/// Logs of the code under test, filtered by `PROSODY_TEST_LOG` (off when unset).
+fn init_logging() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        if let Ok(filter) = std::env::var("PROSODY_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
 /// Options of a client on the real broker with the in-memory backend, fast commits, no probes.
 pub fn options(topic: &str, group: &str) -> ClientOptions {
+    init_logging();
     ClientOptions {
         bootstrap_servers: Some(vec![super::bootstrap_servers()]),
         group_id: Some(group.to_owned()),

@@ -1,1 +1,31 @@
 //! The napi-rs addon behind the `@prosody-events/prosody` Node.js package.
+//!
+//! All behaviour lives in the Rust crates; this addon only moves values across the boundary and
+//! the package's `index.js` adapts them to JavaScript idioms (classes, `AbortSignal`, error
+//! classes). The exported functions and classes are internal to the package: applications use
+//! `index.js`.
+//!
+//! - [`client`]: `NativeClient` wraps [`prosody::ProsodyClient`]; `createClient` builds it from
+//!   the JSON text of the options object, parsed by [`prosody::ClientOptions::from_json_value`].
+//! - [`handler`]: the [`prosody::api::EventHandler`] that calls the JavaScript handler through
+//!   a threadsafe function and awaits the promise it returns.
+//! - [`context`]: the per-event context requests JavaScript sends back while its handler runs
+//!   (timers today; keyed state joins the same channel).
+//! - [`admin`]: `NativeAdminClient` wraps [`prosody::AdminClient`].
+//! - [`cancel`]: `CancelToken`, the Rust side of an `AbortSignal` given to `send`/`excise`.
+//! - [`logging`]: the `tracing` subscriber whose events go to the JavaScript logger.
+//! - [`mock_drain`]: mock-mode shutdown waits until the in-process topics are consumed.
+//! - [`errors`]: how Rust errors cross to JavaScript with their transient/permanent class.
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "napi-derive converts JavaScript arguments into owned values"
+)]
+
+pub mod admin;
+pub mod cancel;
+pub mod client;
+pub mod context;
+pub mod errors;
+pub mod handler;
+pub mod logging;
+pub mod mock_drain;

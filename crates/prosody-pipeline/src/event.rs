@@ -1,6 +1,8 @@
 //! The unit of work of a key queue.
 
-use prosody_api::{ExciseMessage, Headers, Key, Message, Offset, Partition, Topic};
+use prosody_api::{
+    ExciseMessage, Headers, Key, Message, Offset, Partition, Timer, TimerKind, Topic,
+};
 
 /// One event of one key, in the order it must be handled relative to the key's other events.
 #[derive(Clone, Debug, PartialEq)]
@@ -9,6 +11,9 @@ pub enum Event {
     Message(Message),
     /// A record with a null value: delete every copy of the key's data.
     Excise(ExciseMessage),
+    /// A stored timer of the key came due. It has no Kafka offset: it is done when the timer is
+    /// removed from the store, not when an offset commits.
+    Timer(FiredTimer),
     /// A record that cannot be given to a handler (it failed to decode). It still queues and
     /// commits like any record so the mode's failure policy can route it (the failure topic)
     /// before its offset is committed.
@@ -43,6 +48,7 @@ impl Event {
         match self {
             Self::Message(message) => &message.key,
             Self::Excise(excise) => &excise.key,
+            Self::Timer(fired) => &fired.timer.key,
             Self::Rejected(rejected) => &rejected.key,
         }
     }
@@ -53,7 +59,34 @@ impl Event {
         match self {
             Self::Message(message) => Some(message.offset),
             Self::Excise(excise) => Some(excise.offset),
+            Self::Timer(_) => None,
             Self::Rejected(rejected) => Some(rejected.offset),
         }
     }
+
+    /// The topic and partition the event belongs to (for a timer, the partition whose store
+    /// scope holds it).
+    #[must_use]
+    pub fn source(&self) -> (&Topic, Partition) {
+        match self {
+            Self::Message(message) => (&message.topic, message.partition),
+            Self::Excise(excise) => (&excise.topic, excise.partition),
+            Self::Timer(fired) => (&fired.topic, fired.partition),
+            Self::Rejected(rejected) => (&rejected.topic, rejected.partition),
+        }
+    }
+}
+
+/// A timer that came due, with the partition it is stored under. The kind decides who handles
+/// it: application timers go to `on_timer`, defer-retry timers to the defer middleware.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FiredTimer {
+    /// The topic of the owning partition.
+    pub topic: Topic,
+    /// The owning partition.
+    pub partition: Partition,
+    /// Who scheduled it.
+    pub kind: TimerKind,
+    /// The key and due time, as the handler receives them.
+    pub timer: Timer,
 }

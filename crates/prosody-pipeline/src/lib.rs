@@ -13,5 +13,6 @@ pub mod middleware;
 pub mod probes;
 pub mod scheduler;
 pub mod telemetry;
+pub mod timers;
 
-pub use event::Event;
+pub use event::{Event, FiredTimer};

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,8 +21,9 @@ use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass};
 use super::partition::{Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use super::work::{Keyed, Work};
-use crate::event::Event;
+use crate::event::{Event, FiredTimer};
 use crate::probes::{HealthRegistry, PartitionHealth};
+use crate::timers::{TimerSink, Timers};
 
 /// How a dispatch ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +96,7 @@ struct Inner {
     limits: EngineLimits,
     health: HealthRegistry,
     runtime: Handle,
+    timers: Option<Timers>,
 }
 
 /// The consumer engine. Cheap to clone; clones share the same state.
@@ -116,11 +118,37 @@ impl Engine {
         runtime: Handle,
     ) -> Self {
         let admission = Arc::new(SemaphoreAdmission::new(limits.max_concurrency));
-        Self::with_admission(limits, dispatch, admission, flow, health, runtime)
+        Self::with_admission(limits, dispatch, admission, flow, health, runtime, None)
     }
 
-    /// [`Engine::new`] with the given admission (the fair scheduler) bounding concurrency
-    /// instead of a plain semaphore; `limits.max_concurrency` is then the admission's business.
+    /// As [`Engine::new`], with durable timers: each assigned partition gets a timer manager
+    /// of `timers` that fires due timers into the partition's key queues, and a revocation
+    /// stops it before draining. `dispatch` must stage its contexts' timers through the same
+    /// `timers` so fired timers are removed when their events complete.
+    #[must_use]
+    pub fn with_timers(
+        limits: EngineLimits,
+        dispatch: Arc<dyn Dispatch>,
+        flow: Arc<dyn FlowControl>,
+        health: HealthRegistry,
+        runtime: Handle,
+        timers: Timers,
+    ) -> Self {
+        let admission = Arc::new(SemaphoreAdmission::new(limits.max_concurrency));
+        Self::with_admission(
+            limits,
+            dispatch,
+            admission,
+            flow,
+            health,
+            runtime,
+            Some(timers),
+        )
+    }
+
+    /// The general constructor: `admission` (the fair scheduler) bounds concurrency instead
+    /// of a plain semaphore of `limits.max_concurrency` permits, and `timers`, when given,
+    /// work as for [`Engine::with_timers`].
     #[must_use]
     pub fn with_admission(
         limits: EngineLimits,
@@ -129,6 +157,7 @@ impl Engine {
         flow: Arc<dyn FlowControl>,
         health: HealthRegistry,
         runtime: Handle,
+        timers: Option<Timers>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -140,12 +169,20 @@ impl Engine {
                 limits,
                 health,
                 runtime,
+                timers,
             }),
         }
     }
 
+    /// The timers runtime, when the engine has one.
+    #[must_use]
+    pub fn timers(&self) -> Option<&Timers> {
+        self.inner.timers.as_ref()
+    }
+
     /// Starts tracking newly assigned partitions. A partition already tracked keeps its work.
     pub fn assign(&self, partitions: impl IntoIterator<Item = TopicPartition>) {
+        let mut started = Vec::new();
         let mut state = self.inner.state.lock();
         for partition in partitions {
             if state.contains_key(&partition) {
@@ -166,6 +203,7 @@ impl Engine {
                 .inner
                 .health
                 .partition_assigned(partition.topic.as_str(), partition.partition.0);
+            started.push((partition.clone(), generation));
             state.insert(
                 partition,
                 Slot {
@@ -174,6 +212,45 @@ impl Engine {
                     drained: Arc::new(Notify::new()),
                 },
             );
+        }
+        drop(state);
+        if let Some(timers) = &self.inner.timers {
+            for (partition, generation) in started {
+                let sink = Arc::new(EngineTimerSink {
+                    engine: Arc::downgrade(&self.inner),
+                    partition: partition.clone(),
+                    generation,
+                });
+                timers.start(&partition, sink, &self.inner.runtime);
+            }
+        }
+    }
+
+    /// Queues a due timer of `partition` behind its key's other events. Timers bypass the
+    /// backlog bound (their manager bounds how many are in flight) but count in the backlog
+    /// while queued or running. False when the assignment of `generation` is gone.
+    fn offer_timer(&self, partition: &TopicPartition, generation: u64, fired: FiredTimer) -> bool {
+        let offer = {
+            let mut state = self.inner.state.lock();
+            let Some(slot) = state
+                .get_mut(partition)
+                .filter(|slot| slot.work.generation() == generation)
+            else {
+                return false;
+            };
+            let offer = slot.work.offer_timer(Work::Event(Event::Timer(fired)));
+            if matches!(offer, Offer::StartRunner(_) | Offer::Queued) {
+                slot.health.work_pending();
+            }
+            offer
+        };
+        match offer {
+            Offer::StartRunner(key) => {
+                self.spawn_runner(partition.clone(), generation, key);
+                true
+            }
+            Offer::Queued => true,
+            Offer::Held | Offer::Duplicate | Offer::Revoked => false,
         }
     }
 
@@ -251,6 +328,13 @@ impl Engine {
     /// running handlers (cancelling them at four fifths of it), forgets them, and returns the
     /// offsets to commit for them.
     pub async fn revoke(&self, partitions: &[TopicPartition]) -> Vec<(TopicPartition, Offset)> {
+        // Timers first: nothing new may fire while the partition drains, and what did not
+        // finish stays stored for the next owner.
+        if let Some(timers) = &self.inner.timers {
+            for partition in partitions {
+                timers.stop(partition);
+            }
+        }
         let mut waits = Vec::new();
         {
             let mut state = self.inner.state.lock();
@@ -387,6 +471,21 @@ impl Engine {
                 error!(%partition, reason = %rejected.reason,
                     "record rejected: cannot decode; the mode's failure policy routes it");
             }
+            let fired = match &event {
+                Event::Timer(fired) => Some(fired.clone()),
+                Event::Message(_) | Event::Excise(_) | Event::Rejected(_) => None,
+            };
+            let timers = self.inner.timers.as_ref();
+            if let (Some(fired), Some(timers)) = (&fired, timers)
+                && !timers.is_live(fired)
+            {
+                // An earlier event of the key removed it after it fired: nothing to handle.
+                debug!(%partition, %key, time = %fired.timer.time, "fired timer was removed: skipped");
+                timers.finished(fired, true);
+                self.finish(&partition, generation, None);
+                drop(permit);
+                continue;
+            }
             let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
                 event,
                 cancel,
@@ -394,15 +493,18 @@ impl Engine {
             ))
             .catch_unwind()
             .await;
-            let done = match dispatched {
-                Ok(Outcome::Completed) => offset,
-                Ok(Outcome::Abandoned) => None,
+            let completed = match dispatched {
+                Ok(Outcome::Completed) => true,
+                Ok(Outcome::Abandoned) => false,
                 Err(_) => {
                     error!(%partition, %key, ?offset, "dispatch panicked (a bug): event treated as done");
-                    offset
+                    true
                 }
             };
-            self.finish(&partition, generation, done);
+            if let (Some(fired), Some(timers)) = (&fired, timers) {
+                timers.finished(fired, completed);
+            }
+            self.finish(&partition, generation, offset.filter(|_| completed));
             // Released only after the finish is recorded, so the engine never counts more
             // running events than there are permits (unless the dispatch gave it back).
             drop(permit);
@@ -436,6 +538,22 @@ impl Engine {
         if finished.drained {
             drained.notify_one();
         }
+    }
+}
+
+/// Fires a partition's due timers into the engine. Holds the engine weakly: the engine owns
+/// the timers runtime, which owns the managers, which own their sinks.
+struct EngineTimerSink {
+    engine: Weak<Inner>,
+    partition: TopicPartition,
+    generation: u64,
+}
+
+impl TimerSink for EngineTimerSink {
+    fn fire(&self, timer: FiredTimer) -> bool {
+        self.engine.upgrade().is_some_and(|inner| {
+            Engine { inner }.offer_timer(&self.partition, self.generation, timer)
+        })
     }
 }
 

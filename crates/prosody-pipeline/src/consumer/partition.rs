@@ -117,6 +117,16 @@ impl<T: Keyed> PartitionWork<T> {
         offer
     }
 
+    /// Offers a due timer: admitted at once, even when the backlog is full. A timer has no
+    /// offset to hold back and is bounded by its manager; holding it behind records would let
+    /// a busy partition delay its timers without limit.
+    pub fn offer_timer(&mut self, event: T) -> Offer {
+        if self.revoked {
+            return Offer::Revoked;
+        }
+        self.admit(event)
+    }
+
     fn pause(&mut self) {
         if !self.paused {
             self.paused = true;

@@ -5,16 +5,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use prosody_api::context::{DequeState, MapState, ValueState};
 use prosody_api::{
-    Cancellation, ContextError, EventContext, Key, KeyedStateContext, Message, TimerContext,
-    TimerTime,
+    Cancellation, ContextError, EventContext, Key, KeyedStateContext, Message, StorageError,
+    TimerContext, TimerKind, TimerTime,
 };
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The context of one attempt of one event: its key, its cancellation, and (as their issues
-/// land) its timers and keyed state. Every operation after [`AttemptContext::end`] fails with
+use crate::timers::{StagedTimers, TimerWrite};
+
+/// The context of one attempt of one event: its key, its cancellation, its timers and (as its
+/// issue lands) its keyed state. Every operation after [`AttemptContext::end`] fails with
 /// [`ContextError::AttemptEnded`] and changes nothing.
+///
+/// Writes are staged in the context, not stored. Whoever runs the attempt decides their fate
+/// once it has ended: [`AttemptContext::commit`] after a success (before reporting the event
+/// completed, so the writes are durable before its offset can commit),
+/// [`AttemptContext::give_up`] when the event is completed without success, and nothing (drop
+/// the context) when the attempt failed and will be retried.
 #[derive(Debug)]
 pub struct AttemptContext {
     key: Key,
@@ -22,10 +30,12 @@ pub struct AttemptContext {
     deadline: Option<Instant>,
     attempt: u32,
     ended: AtomicBool,
+    timers: Option<StagedTimers>,
 }
 
 impl AttemptContext {
-    /// A context for an attempt on `key`, cancelled through `cancel`.
+    /// A context for an attempt on `key`, cancelled through `cancel`, without timers (their
+    /// calls fail with an invalid-request error).
     #[must_use]
     pub fn new(key: Key, cancel: CancellationToken) -> Self {
         Self::for_attempt(key, cancel, 1)
@@ -40,6 +50,7 @@ impl AttemptContext {
             deadline: None,
             attempt,
             ended: AtomicBool::new(false),
+            timers: None,
         }
     }
 
@@ -56,9 +67,61 @@ impl AttemptContext {
         self.attempt
     }
 
+    /// Gives the context the timers API, staged in `timers` (from
+    /// [`crate::timers::Timers::stage`] for the attempt's event).
+    #[must_use]
+    pub fn with_timers(mut self, timers: StagedTimers) -> Self {
+        self.timers = Some(timers);
+        self
+    }
+
     /// Ends the attempt: the context is unusable from now on.
     pub fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends the attempt and applies its staged writes (for a timer event, removing the fired
+    /// timer first). Call it when the attempt succeeded, before reporting the event done.
+    ///
+    /// # Errors
+    /// The store's error: treat it as a transient failure of the attempt (every write is
+    /// idempotent, so retrying the event is safe).
+    pub async fn commit(&self) -> Result<(), StorageError> {
+        self.end();
+        match &self.timers {
+            Some(timers) => timers.commit().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the attempt, drops its staged writes and, for a timer event, removes the fired
+    /// timer. Call it when the event is completed without success (a permanent failure).
+    ///
+    /// # Errors
+    /// The store's error; the fired timer may then fire again.
+    pub async fn give_up(&self) -> Result<(), StorageError> {
+        self.end();
+        match &self.timers {
+            Some(timers) => timers.give_up().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Stages a timer write of any kind. The timers API of [`TimerContext`] writes
+    /// application timers; middleware (defer) writes its own kind through this.
+    ///
+    /// # Errors
+    /// [`ContextError::AttemptEnded`], an invalid time, or no timers configured.
+    pub fn stage_timer(&self, write: TimerWrite) -> Result<(), ContextError> {
+        Ok(self.timers()?.stage(write)?)
+    }
+
+    /// The key's scheduled times of `kind`, as the attempt's commit would leave them.
+    ///
+    /// # Errors
+    /// [`ContextError::AttemptEnded`], no timers configured, or the store's error.
+    pub async fn scheduled_of(&self, kind: TimerKind) -> Result<Vec<TimerTime>, ContextError> {
+        Ok(self.timers()?.scheduled(kind).await?)
     }
 
     fn live(&self) -> Result<(), ContextError> {
@@ -69,34 +132,38 @@ impl AttemptContext {
         }
     }
 
-    fn timers_unavailable(&self) -> Result<(), ContextError> {
+    fn timers(&self) -> Result<&StagedTimers, ContextError> {
         self.live()?;
-        Err(ContextError::InvalidRequest(
-            "durable timers are not available in this version of the pipeline".to_owned(),
-        ))
+        self.timers.as_ref().ok_or_else(|| {
+            ContextError::InvalidRequest(
+                "durable timers are not configured for this dispatch".to_owned(),
+            )
+        })
     }
 }
 
+const APPLICATION: TimerKind = TimerKind::Application;
+
 #[async_trait]
 impl TimerContext for AttemptContext {
-    async fn schedule(&self, _: TimerTime) -> Result<(), ContextError> {
-        self.timers_unavailable()
+    async fn schedule(&self, time: TimerTime) -> Result<(), ContextError> {
+        self.stage_timer(TimerWrite::Schedule(APPLICATION, time))
     }
 
-    async fn clear_and_schedule(&self, _: TimerTime) -> Result<(), ContextError> {
-        self.timers_unavailable()
+    async fn clear_and_schedule(&self, time: TimerTime) -> Result<(), ContextError> {
+        self.stage_timer(TimerWrite::ClearAndSchedule(APPLICATION, time))
     }
 
-    async fn unschedule(&self, _: TimerTime) -> Result<(), ContextError> {
-        self.timers_unavailable()
+    async fn unschedule(&self, time: TimerTime) -> Result<(), ContextError> {
+        self.stage_timer(TimerWrite::Unschedule(APPLICATION, time))
     }
 
     async fn clear_scheduled(&self) -> Result<(), ContextError> {
-        self.timers_unavailable()
+        self.stage_timer(TimerWrite::Clear(APPLICATION))
     }
 
     async fn scheduled(&self) -> Result<Vec<TimerTime>, ContextError> {
-        self.timers_unavailable().map(|()| Vec::new())
+        self.scheduled_of(APPLICATION).await
     }
 }
 

@@ -1,30 +1,58 @@
 //! The bottom of the middleware stack: one attempt of the application's [`EventHandler`].
 //!
-//! It only calls the handler and classifies the outcome; retrying, routing failures and
-//! everything else belong to the layers above (see [`crate::middleware`]).
+//! It calls the handler, classifies the outcome and settles the attempt's staged writes: a
+//! success commits them (before the event can be reported done, so they are durable before
+//! its offset commits), a failure drops them. Retrying, giving up and everything else belong
+//! to the layers above (see [`crate::middleware`]).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use prosody_api::{ClassifyError, EventHandler};
+use prosody_api::{ClassifyError, EventHandler, TimerKind};
 use serde_json::Value;
+use tracing::warn;
 
 use super::context::AttemptContext;
 use crate::event::Event;
 use crate::middleware::{Failure, FailureKind, Service, Task, Verdict};
+use crate::timers::Timers;
 
 /// Calls an [`EventHandler`] once per task. A handler error keeps its class; a panic is a
 /// bug in the handler but must not lose the record, so it counts as a transient failure.
 pub struct HandlerService<H> {
     handler: Arc<H>,
+    timers: Option<Timers>,
 }
 
 impl<H> HandlerService<H> {
-    /// Wraps `handler`.
+    /// Wraps `handler`; its contexts have no timers until [`Self::with_timers`].
     pub fn new(handler: Arc<H>) -> Self {
-        Self { handler }
+        Self {
+            handler,
+            timers: None,
+        }
+    }
+
+    /// Gives handlers the timers API of `timers` (the same runtime the engine fires from).
+    #[must_use]
+    pub fn with_timers(mut self, timers: Timers) -> Self {
+        self.timers = Some(timers);
+        self
+    }
+
+    fn context(&self, task: &Task) -> AttemptContext {
+        let context = AttemptContext::for_attempt(
+            task.event.key().clone(),
+            task.cancel.clone(),
+            task.attempt,
+        )
+        .with_deadline(task.deadline);
+        match &self.timers {
+            Some(timers) => context.with_timers(timers.stage(&task.event)),
+            None => context,
+        }
     }
 }
 
@@ -35,6 +63,19 @@ impl<H: EventHandler> HandlerService<H> {
             match event {
                 Event::Message(message) => self.handler.on_message(context, message).await,
                 Event::Excise(excise) => self.handler.on_excise(context, excise).await,
+                Event::Timer(fired) => match fired.kind {
+                    TimerKind::Application => self
+                        .handler
+                        .on_timer(context, &fired.timer)
+                        .await
+                        .map(|()| Value::Null),
+                    // The defer middleware handles its own timers before they get here; without
+                    // it there is nothing to retry, and completing removes the stray timer.
+                    TimerKind::DeferRetry => {
+                        warn!(key = %fired.timer.key, "defer-retry timer without a defer layer");
+                        Ok(Value::Null)
+                    }
+                },
                 Event::Rejected(rejected) => {
                     return Err(failed(FailureKind::Permanent, rejected.reason.clone()));
                 }
@@ -61,12 +102,29 @@ impl<H: EventHandler> HandlerService<H> {
 #[async_trait]
 impl<H: EventHandler> Service for HandlerService<H> {
     async fn call(&self, task: Task) -> Verdict {
-        let context =
-            AttemptContext::for_attempt(task.event.key().clone(), task.cancel, task.attempt)
-                .with_deadline(task.deadline);
-        let verdict = self.run(&task.event, &context).await;
-        context.end();
-        verdict
+        let context = self.context(&task);
+        let answer = self.run(&task.event, &context).await;
+        // A failed attempt's writes are dropped with the context (ending it first, so a
+        // handle the handler leaked cannot write); a successful one's are committed.
+        let Ok(answer) = answer else {
+            context.end();
+            return answer;
+        };
+        match context.commit().await {
+            Ok(()) => Ok(answer),
+            Err(error) => {
+                let kind = if error.is_permanent() {
+                    FailureKind::Permanent
+                } else {
+                    FailureKind::Transient
+                };
+                Err(Failure::new(
+                    kind,
+                    format!("committing the attempt's writes failed: {error}"),
+                    task.attempt,
+                ))
+            }
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use super::retry::RetryPolicy;
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::Event;
 use crate::kafka::producer::{Producer, RawRecord, SendOptions};
+use crate::timers::Timers;
 
 /// Header: topic the failed record was read from.
 pub const ORIGINAL_TOPIC_HEADER: &str = "prosody-original-topic";
@@ -51,19 +52,23 @@ pub enum Destination {
 /// Routes what finally failed to its [`Destination`].
 pub struct FailurePolicy {
     destination: Destination,
+    timers: Option<Timers>,
     inner: Arc<dyn Service>,
 }
 
 /// Builds a [`FailurePolicy`].
 pub struct FailurePolicyLayer {
-    /// Where given-up work goes.
+    /// Where given-up records go.
     pub destination: Destination,
+    /// Where a given-up timer event's fired timer is removed, so it does not fire again.
+    pub timers: Option<Timers>,
 }
 
 impl Layer for FailurePolicyLayer {
     fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
         Arc::new(FailurePolicy {
             destination: self.destination,
+            timers: self.timers,
             inner,
         })
     }
@@ -92,6 +97,18 @@ impl FailurePolicy {
         failure: &Failure,
         cancel: &CancellationToken,
     ) -> Verdict {
+        if let Event::Timer(fired) = event {
+            // No record to forward: log it, and remove the timer so it does not fire again.
+            error!(key = %fired.timer.key, time = %fired.timer.time, attempts = failure.attempt,
+                reason = %failure.reason, "giving up on the timer: removed");
+            if let Some(timers) = &self.timers
+                && let Err(error) = timers.stage(event).give_up().await
+            {
+                warn!(key = %fired.timer.key, %error,
+                    "removing a given-up timer failed: it may fire again");
+            }
+            return Ok(Value::Null);
+        }
         let Destination::FailureTopic {
             topic,
             producer,
@@ -102,11 +119,13 @@ impl FailurePolicy {
                 reason = %failure.reason, "giving up on the record (no failure topic): committed");
             return Ok(Value::Null);
         };
-        let (location, value) = parts(event);
+        let (topic_of, partition) = event.source();
+        let offset = event.offset().map_or(-1, |offset| offset.0);
+        let value = value(event);
         let headers = [
-            (ORIGINAL_TOPIC_HEADER, location.0),
-            (ORIGINAL_PARTITION_HEADER, location.1),
-            (ORIGINAL_OFFSET_HEADER, location.2),
+            (ORIGINAL_TOPIC_HEADER, topic_of.to_string()),
+            (ORIGINAL_PARTITION_HEADER, partition.0.to_string()),
+            (ORIGINAL_OFFSET_HEADER, offset.to_string()),
             (ERROR_HEADER, failure.reason.clone()),
             (ATTEMPTS_HEADER, failure.attempt.to_string()),
         ];
@@ -145,28 +164,16 @@ impl FailurePolicy {
     }
 }
 
-/// (topic, partition, offset) as header text, and the value bytes to forward.
-fn parts(event: &Event) -> ((String, String, String), Option<Vec<u8>>) {
-    let location = |topic: &prosody_api::Topic, partition: i32, offset: i64| {
-        (topic.to_string(), partition.to_string(), offset.to_string())
-    };
+/// The value bytes to forward.
+fn value(event: &Event) -> Option<Vec<u8>> {
     match event {
-        Event::Message(message) => (
-            location(&message.topic, message.partition.0, message.offset.0),
-            // Re-encoded: the decoder keeps the parsed value, and equal JSON is what a reader
-            // of the failure topic needs.
-            serde_json::to_vec(&message.payload).ok(),
-        ),
-        Event::Excise(excise) => (
-            location(&excise.topic, excise.partition.0, excise.offset.0),
-            None,
-        ),
-        Event::Rejected(rejected) => (
-            location(&rejected.topic, rejected.partition.0, rejected.offset.0),
-            // An oversized value was not kept (the failure topic would refuse it too): an
-            // empty value, not a null one, so the record does not read as an excise.
-            Some(rejected.raw_value.clone().unwrap_or_default()),
-        ),
+        // Re-encoded: the decoder keeps the parsed value, and equal JSON is what a reader of
+        // the failure topic needs.
+        Event::Message(message) => serde_json::to_vec(&message.payload).ok(),
+        Event::Excise(_) | Event::Timer(_) => None,
+        // An oversized value was not kept (the failure topic would refuse it too): an empty
+        // value, not a null one, so the record does not read as an excise.
+        Event::Rejected(rejected) => Some(rejected.raw_value.clone().unwrap_or_default()),
     }
 }
 
@@ -193,6 +200,7 @@ mod tests {
             let calls = Calls::failing(kind);
             let policy = Box::new(FailurePolicyLayer {
                 destination: Destination::Log,
+                timers: None,
             })
             .wrap(calls.clone());
             let verdict = policy.call(task(message("k", json!({})))).await;
@@ -206,6 +214,7 @@ mod tests {
         let calls = Calls::succeeding();
         let policy = Box::new(FailurePolicyLayer {
             destination: Destination::Log,
+            timers: None,
         })
         .wrap(calls.clone());
         assert_eq!(policy.call(task(rejected("k"))).await, Ok(Value::Null));

@@ -37,6 +37,8 @@ fn source_system(event: &Event) -> Option<&str> {
         Event::Excise(excise) => excise.headers.source_system(),
         // Routed as it is: a record we cannot read is reported whoever produced it.
         Event::Rejected(_) => None,
+        // Our own timers, by definition.
+        Event::Timer(_) => None,
     }
 }
 

@@ -20,6 +20,7 @@ use super::timeout::TimeoutLayer;
 use super::{Layer, Service, Task};
 use crate::consumer::{Admission, Dispatch, Outcome, PermitSlot};
 use crate::event::Event;
+use crate::timers::Timers;
 
 /// The failure-handling mode (FEATURES.md section 2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,8 +46,10 @@ pub struct StackSettings {
     pub group_id: String,
     /// `allowedEvents` prefixes; empty allows everything.
     pub allowed_events: Vec<String>,
-    /// Where given-up work goes in pipeline and low-latency modes (best-effort always logs).
+    /// Where given-up records go in pipeline and low-latency modes (best-effort always logs).
     pub failures: Destination,
+    /// The timers runtime, so a given-up timer event's timer is removed.
+    pub timers: Option<Timers>,
     /// Backoff of in-process retries.
     pub retry: RetryPolicy,
     /// Deduplication.
@@ -72,6 +75,7 @@ fn layers(settings: StackSettings) -> Vec<Box<dyn Layer>> {
         group_id,
         allowed_events,
         failures,
+        timers,
         retry,
         dedup,
         defer,
@@ -92,6 +96,7 @@ fn layers(settings: StackSettings) -> Vec<Box<dyn Layer>> {
         }),
         Box::new(FailurePolicyLayer {
             destination: failures,
+            timers,
         }),
         Box::new(dedup),
     ];
@@ -135,9 +140,14 @@ impl StackDispatch {
     /// The dispatch of `handler` wrapped in the layers of `settings.mode`.
     #[must_use]
     pub fn new(settings: StackSettings, handler: Arc<dyn Service>) -> Self {
-        Self {
-            service: compose(settings, handler),
-        }
+        Self::from_service(compose(settings, handler))
+    }
+
+    /// The dispatch of a stack composed elsewhere (tests of one concern, custom stacks). The
+    /// stack must answer every failure but cancellation itself, as the failure policy does.
+    #[must_use]
+    pub fn from_service(service: Arc<dyn Service>) -> Self {
+        Self { service }
     }
 }
 

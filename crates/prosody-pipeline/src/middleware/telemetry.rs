@@ -28,8 +28,8 @@ pub struct TelemetryLayer {
     pub group_id: Arc<str>,
     /// Relation of message (and excise) spans to the producer's span.
     pub message_spans: SpanRelation,
-    /// Relation of timer spans to the span that scheduled the timer (for timer events, when
-    /// they join [`Event`]).
+    /// Relation of timer spans to the span that scheduled the timer. Stored timers carry no
+    /// trace context yet, so timer spans start their own trace for now.
     pub timer_spans: SpanRelation,
 }
 
@@ -42,45 +42,40 @@ impl Layer for TelemetryLayer {
     }
 }
 
-/// What the span and the events say about an event: (kind, topic, partition, headers).
-fn describe(event: &Event) -> (&'static str, &str, i32, &prosody_api::Headers) {
+/// What the span and the events call an event, and the headers that may carry its trace
+/// context (timers have none).
+fn describe(event: &Event) -> (&'static str, Option<&prosody_api::Headers>) {
     match event {
-        Event::Message(message) => (
-            "message",
-            message.topic.as_str(),
-            message.partition.0,
-            &message.headers,
-        ),
-        Event::Excise(excise) => (
-            "excise",
-            excise.topic.as_str(),
-            excise.partition.0,
-            &excise.headers,
-        ),
-        Event::Rejected(rejected) => (
-            "rejected",
-            rejected.topic.as_str(),
-            rejected.partition.0,
-            &rejected.headers,
-        ),
+        Event::Message(message) => ("message", Some(&message.headers)),
+        Event::Excise(excise) => ("excise", Some(&excise.headers)),
+        Event::Timer(_) => ("timer", None),
+        Event::Rejected(rejected) => ("rejected", Some(&rejected.headers)),
     }
 }
 
 impl Telemetry {
     /// The handler span of `task`, related to the trace context in its record's headers.
     fn span(&self, task: &Task) -> tracing::Span {
-        let (kind, topic, partition, headers) = describe(&task.event);
+        let (kind, headers) = describe(&task.event);
+        let (topic, partition) = task.event.source();
         let span = tracing::info_span!(
             "prosody.handle",
             event = kind,
             key = %task.event.key(),
-            topic,
-            partition,
+            topic = topic.as_str(),
+            partition = partition.0,
             offset = task.event.offset().map(|offset| offset.0),
             attempt = task.attempt,
         );
-        if !span.is_disabled() {
-            relate(&span, headers, self.settings.message_spans);
+        let relation = if matches!(*task.event, Event::Timer(_)) {
+            self.settings.timer_spans
+        } else {
+            self.settings.message_spans
+        };
+        if let Some(headers) = headers
+            && !span.is_disabled()
+        {
+            relate(&span, headers, relation);
         }
         span
     }
@@ -89,14 +84,15 @@ impl Telemetry {
         let Some(sink) = &self.settings.sink else {
             return;
         };
-        let (kind, topic, partition, _) = describe(&task.event);
+        let (kind, _) = describe(&task.event);
+        let (topic, partition) = task.event.source();
         sink.emit(LifecycleEvent {
             event: kind,
             stage,
             group_id: self.settings.group_id.clone(),
             key: task.event.key().to_string(),
-            topic: topic.to_owned(),
-            partition,
+            topic: topic.to_string(),
+            partition: partition.0,
             offset: task.event.offset().map(|offset| offset.0),
             attempt: task.attempt,
             duration_ms: duration,

@@ -1,0 +1,630 @@
+// @prosody-events/prosody: the JavaScript face of the Rust Prosody client.
+//
+// Everything that decides behaviour (configuration, ordering, retries, offsets, timers) lives in
+// Rust. This file only adapts idioms: classes and promises, AbortSignal, JavaScript error classes
+// and decorators, and the objects handlers receive.
+"use strict";
+
+const native = require("./native");
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/** Base class of handler errors; subclasses say whether a retry can help. */
+class EventHandlerError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    if (new.target === EventHandlerError) {
+      throw new TypeError("EventHandlerError is abstract: throw a TransientError or a PermanentError");
+    }
+    this.name = new.target.name;
+  }
+}
+
+/** A failure a retry may fix. */
+class TransientError extends EventHandlerError {
+  get isPermanent() {
+    return false;
+  }
+}
+
+/** A failure a retry cannot fix: the event is not retried. */
+class PermanentError extends EventHandlerError {
+  get isPermanent() {
+    return true;
+  }
+}
+
+/** A keyed-state error that a retry can fix. */
+class TransientStateError extends TransientError {}
+
+/** A keyed-state error that another attempt cannot resolve. */
+class PermanentStateError extends PermanentError {}
+
+function isStateError(error) {
+  return error instanceof TransientStateError || error instanceof PermanentStateError;
+}
+
+// Set by the transient/permanent decorators on errors they classify.
+const ERROR_CLASS = Symbol.for("@prosody-events/prosody.errorClass");
+
+/** True when a thrown value is classified permanent; everything else is transient. */
+function classifyPermanent(error) {
+  if (error === null || (typeof error !== "object" && typeof error !== "function")) return false;
+  const tagged = error[ERROR_CLASS];
+  if (tagged === "permanent" || tagged === "transient") return tagged === "permanent";
+  return error.isPermanent === true;
+}
+
+function describeError(error) {
+  if (error instanceof Error) return `${error.name}: ${error.message}`;
+  try {
+    return `thrown value: ${typeof error === "string" ? error : JSON.stringify(error)}`;
+  } catch {
+    return `thrown value: ${String(error)}`;
+  }
+}
+
+const NATIVE_PREFIX = /^\[prosody (transient|permanent) (\w+)\] /;
+
+/** Turns an error from the addon into the JavaScript error class its prefix names. */
+function translate(error, signal) {
+  const match = error instanceof Error ? NATIVE_PREFIX.exec(error.message) : null;
+  if (!match) return error;
+  const [, klass, kind] = match;
+  const message = error.message.slice(match[0].length);
+  if (kind === "cancelled" && signal?.aborted) return signal.reason;
+  let result;
+  if (kind === "config") {
+    result = new Error(message);
+  } else if (kind === "state") {
+    result = klass === "permanent" ? new PermanentStateError(message) : new TransientStateError(message);
+  } else {
+    result = klass === "permanent" ? new PermanentError(message) : new TransientError(message);
+  }
+  result.code = `ERR_PROSODY_${kind.toUpperCase()}`;
+  return result;
+}
+
+async function call(operation, signal) {
+  try {
+    return await operation();
+  } catch (error) {
+    throw translate(error, signal);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decorators: transient(...types) / permanent(...types)
+
+function isClass(value) {
+  return typeof value === "function" && /^class[\s{]/.test(Function.prototype.toString.call(value));
+}
+
+function errorClassDecorator(errorClass, errorTypes) {
+  for (const type of errorTypes) {
+    if (typeof type !== "function") {
+      throw new TypeError(`${errorClass}(...) expects error classes, got ${typeof type}`);
+    }
+  }
+  const matches = (error) =>
+    error !== null &&
+    typeof error === "object" &&
+    !(error instanceof EventHandlerError) &&
+    errorTypes.some((type) => error instanceof type);
+
+  const tag = (error) => {
+    if (!matches(error)) return error;
+    if (Object.isExtensible(error)) {
+      Object.defineProperty(error, ERROR_CLASS, { value: errorClass, configurable: true });
+      return error;
+    }
+    const Wrapper = errorClass === "permanent" ? PermanentError : TransientError;
+    return new Wrapper(describeError(error), { cause: error });
+  };
+
+  const wrapMethod = (method) => {
+    const wrapped = async function (...args) {
+      try {
+        return await method.apply(this, args);
+      } catch (error) {
+        throw tag(error);
+      }
+    };
+    Object.defineProperty(wrapped, "name", { value: method.name });
+    Object.defineProperty(wrapped, "length", { value: method.length });
+    return wrapped;
+  };
+
+  const wrapClass = (Class) => {
+    for (const name of ["onMessage", "onExcise", "onTimer"]) {
+      const descriptor = Object.getOwnPropertyDescriptor(Class.prototype, name);
+      if (descriptor && typeof descriptor.value === "function") {
+        Object.defineProperty(Class.prototype, name, { ...descriptor, value: wrapMethod(descriptor.value) });
+      }
+    }
+    return Class;
+  };
+
+  return function decorator(target, context, descriptor) {
+    // TC39 decorators: (value, context).
+    if (context !== null && typeof context === "object" && "kind" in context) {
+      if (context.kind === "method") return wrapMethod(target);
+      if (context.kind === "class") return wrapClass(target);
+      throw new TypeError(`${errorClass}(...) decorates methods and classes, not ${context.kind}s`);
+    }
+    // Legacy (experimentalDecorators) method decorators: (prototype, name, descriptor).
+    if (descriptor !== undefined && typeof descriptor.value === "function") {
+      return { ...descriptor, value: wrapMethod(descriptor.value) };
+    }
+    if (typeof target === "function") return isClass(target) ? wrapClass(target) : wrapMethod(target);
+    throw new TypeError(`${errorClass}(...) decorates methods, classes or functions`);
+  };
+}
+
+/** A decorator that classifies the listed error types thrown by a handler as transient. */
+function transient(...errorTypes) {
+  return errorClassDecorator("transient", errorTypes);
+}
+
+/** A decorator that classifies the listed error types thrown by a handler as permanent. */
+function permanent(...errorTypes) {
+  return errorClassDecorator("permanent", errorTypes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AbortSignal -> CancelToken
+
+function checkSignal(signal) {
+  if (signal !== undefined && signal !== null && !(signal instanceof AbortSignal)) {
+    throw new TypeError("signal must be an AbortSignal");
+  }
+}
+
+async function withSignal(signal, operation) {
+  checkSignal(signal);
+  if (!signal) return call(() => operation(undefined));
+  if (signal.aborted) throw signal.reason;
+  const token = new native.CancelToken();
+  const onAbort = () => token.cancel();
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    return await call(() => operation(token), signal);
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers, contexts and attempts
+
+// Live handler attempts by id: the AbortController of each is created on first use.
+const attempts = new Map();
+
+class Attempt {
+  constructor() {
+    this.controller = undefined;
+    this.aborted = false;
+  }
+
+  get signal() {
+    if (this.controller === undefined) {
+      this.controller = new AbortController();
+      if (this.aborted) this.controller.abort();
+    }
+    return this.controller.signal;
+  }
+
+  abort() {
+    if (this.aborted) return;
+    this.aborted = true;
+    this.controller?.abort();
+  }
+}
+
+function abortAttempt(id) {
+  attempts.get(id)?.abort();
+}
+
+const TIMER_OPS = { schedule: 0, clearAndSchedule: 1, unschedule: 2, clearScheduled: 3, scheduled: 4 };
+
+function timerSeconds(time) {
+  const millis = time instanceof Date ? time.getTime() : time;
+  if (typeof millis !== "number" || !Number.isFinite(millis)) {
+    throw new TypeError("a timer time must be a valid Date (or milliseconds since the epoch)");
+  }
+  return Math.floor(millis / 1000);
+}
+
+/** What a handler can do during one event: timers of its key, cancellation, keyed state. */
+class Context {
+  #id;
+  #attempt;
+
+  constructor(id, attempt) {
+    this.#id = id;
+    this.#attempt = attempt;
+  }
+
+  /** True once the event was asked to stop (timeout, rebalance, shutdown). */
+  get shouldCancel() {
+    return this.#attempt.aborted || native.contextShouldCancel(this.#id);
+  }
+
+  /** Resolves when the event is asked to stop. */
+  onCancel() {
+    const signal = this.#attempt.signal;
+    if (signal.aborted) return Promise.resolve();
+    return new Promise((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
+  }
+
+  async schedule(time) {
+    await call(() => native.contextTimers(this.#id, TIMER_OPS.schedule, timerSeconds(time)));
+  }
+
+  async clearAndSchedule(time) {
+    await call(() => native.contextTimers(this.#id, TIMER_OPS.clearAndSchedule, timerSeconds(time)));
+  }
+
+  async unschedule(time) {
+    await call(() => native.contextTimers(this.#id, TIMER_OPS.unschedule, timerSeconds(time)));
+  }
+
+  async clearScheduled() {
+    await call(() => native.contextTimers(this.#id, TIMER_OPS.clearScheduled, null));
+  }
+
+  async scheduled() {
+    const seconds = await call(() => native.contextTimers(this.#id, TIMER_OPS.scheduled, null));
+    return seconds.map((secs) => new Date(secs * 1000));
+  }
+
+  state(definition) {
+    checkDefinition(definition);
+    throw new PermanentStateError(
+      `keyed-state collection \`${definition.name}\` is not available: this build of Prosody has no keyed-state runtime yet`,
+    );
+  }
+}
+
+const MESSAGE = 0;
+const EXCISE = 1;
+
+// Settled handlers waiting to be reported to Rust in one call.
+let settledOk = [];
+let settledOther = [];
+let flushQueued = false;
+
+function flushSettled() {
+  flushQueued = false;
+  const ok = Uint32Array.from(settledOk);
+  const others = settledOther.length > 0 ? JSON.stringify(settledOther) : null;
+  settledOk = [];
+  settledOther = [];
+  native.completeEvents(ok, others);
+}
+
+function settle(id, reply) {
+  attempts.delete(id);
+  if (reply === undefined) settledOk.push(id);
+  else settledOther.push([id, reply.response ?? null, reply.error ?? null, reply.permanent === true]);
+  if (!flushQueued) {
+    flushQueued = true;
+    queueMicrotask(flushSettled);
+  }
+}
+
+function success(kind, value) {
+  if (kind > EXCISE || value === undefined || value === null) return undefined;
+  let response;
+  try {
+    response = JSON.stringify(value);
+  } catch (error) {
+    return { error: `the handler's answer cannot be encoded as JSON: ${describeError(error)}`, permanent: true };
+  }
+  if (response === undefined) {
+    return { error: `the handler's answer (${typeof value}) cannot be encoded as JSON`, permanent: true };
+  }
+  return { response };
+}
+
+function failure(error) {
+  return { error: describeError(error), permanent: classifyPermanent(error) };
+}
+
+function start(handler, event) {
+  const kind = event[0];
+  const id = event[1];
+  const attempt = new Attempt();
+  attempts.set(id, attempt);
+  const context = new Context(id, attempt);
+  let result;
+  try {
+    if (kind === MESSAGE) {
+      const [, , key, topic, partition, offset, timestamp, payload] = event;
+      const message = { topic, partition, offset, timestamp: new Date(timestamp), key, payload };
+      result = handler.onMessage(context, message, attempt.signal);
+    } else if (kind === EXCISE) {
+      const [, , key, topic, partition, offset, timestamp] = event;
+      result = handler.onExcise(context, { topic, partition, offset, timestamp: new Date(timestamp), key }, attempt.signal);
+    } else {
+      const [, , key, time] = event;
+      result = handler.onTimer(context, { key, time: new Date(time) }, attempt.signal);
+    }
+  } catch (error) {
+    settle(id, failure(error));
+    return;
+  }
+  if (result !== null && typeof result === "object" && typeof result.then === "function") {
+    result.then(
+      (value) => settle(id, success(kind, value)),
+      (error) => settle(id, failure(error)),
+    );
+  } else {
+    settle(id, success(kind, result));
+  }
+}
+
+/** The function Rust calls with each batch of events (JSON text); it never throws. */
+function deliverer(handler) {
+  return function deliver(batch) {
+    for (const event of JSON.parse(batch)) start(handler, event);
+  };
+}
+
+const HANDLER_METHODS = ["onMessage", "onExcise", "onTimer"];
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+const CONSTRUCT = Symbol("construct");
+
+/** Consumer lifecycle states. */
+const ConsumerState = Object.freeze({
+  Unconfigured: "unconfigured",
+  Configured: "configured",
+  Running: "running",
+  ShutDown: "shutdown",
+});
+
+/** Processing modes. */
+const Mode = Object.freeze({
+  Pipeline: "pipeline",
+  LowLatency: "low-latency",
+  BestEffort: "best-effort",
+});
+
+class ProsodyClient {
+  #native;
+  #shutdown;
+
+  /** Use `await ProsodyClient.create(config)`. */
+  constructor(token, nativeClient) {
+    if (token !== CONSTRUCT) {
+      throw new TypeError("construct a client with `await ProsodyClient.create(config)`");
+    }
+    this.#native = nativeClient;
+  }
+
+  /** Creates a client; the configuration falls back to PROSODY_* environment variables. */
+  static async create(config = {}) {
+    if (config === null || typeof config !== "object" || Array.isArray(config)) {
+      throw new TypeError("ProsodyClient.create expects a configuration object");
+    }
+    const text = JSON.stringify(config);
+    const nativeClient = await call(() => native.createClient(text));
+    return new ProsodyClient(CONSTRUCT, nativeClient);
+  }
+
+  /** The `source-system` header stamped on sent messages. */
+  get sourceSystem() {
+    return this.#native.sourceSystem;
+  }
+
+  /** Sends a JSON payload to `topic` under `key`. */
+  async send(topic, key, payload, signal) {
+    const text = JSON.stringify(payload);
+    if (text === undefined) throw new TypeError("the payload must be a JSON-compatible value");
+    return withSignal(signal, (token) => this.#native.send(String(topic), String(key), text, token));
+  }
+
+  /** Sends an excise record (the key with no payload) to `topic`. */
+  async excise(topic, key, signal) {
+    return withSignal(signal, (token) => this.#native.excise(String(topic), String(key), token));
+  }
+
+  /** Starts consuming with a handler that defines onMessage, onExcise and onTimer. */
+  async subscribe(eventHandler) {
+    if (eventHandler === null || (typeof eventHandler !== "object" && typeof eventHandler !== "function")) {
+      throw new TypeError("subscribe expects an event handler object with onMessage, onExcise and onTimer");
+    }
+    const missing = HANDLER_METHODS.filter((method) => typeof eventHandler[method] !== "function");
+    if (missing.length > 0) {
+      throw new TypeError(
+        `the event handler is missing ${missing.join(", ")}: every handler must define onMessage, onExcise and onTimer`,
+      );
+    }
+    await call(() => this.#native.subscribe(deliverer(eventHandler), abortAttempt));
+  }
+
+  /** Stops consuming; the client can subscribe again. */
+  async unsubscribe() {
+    await call(() => this.#native.unsubscribe());
+  }
+
+  /** Stops every client service. Concurrent and repeated calls await the same operation. */
+  shutdown() {
+    this.#shutdown ??= call(() => this.#native.shutdown());
+    return this.#shutdown;
+  }
+
+  async consumerState() {
+    return this.#native.consumerState();
+  }
+
+  async assignedPartitionCount() {
+    return this.#native.assignedPartitionCount();
+  }
+
+  async isStalled() {
+    return this.#native.isStalled();
+  }
+
+  /** Requests are not available in this build yet. */
+  async request() {
+    throw new PermanentError("requests are not available in this build of Prosody yet");
+  }
+
+  /** Excise requests are not available in this build yet. */
+  async requestExcise() {
+    throw new PermanentError("requests are not available in this build of Prosody yet");
+  }
+
+  /** Published state is not available in this build yet. */
+  async state(subsystem, definition) {
+    checkDefinition(definition);
+    throw new PermanentStateError("published state is not available in this build of Prosody yet");
+  }
+}
+
+class AdminClient {
+  #native;
+
+  /** An admin client for `bootstrapServers` (default: PROSODY_BOOTSTRAP_SERVERS). */
+  constructor(bootstrapServers = process.env.PROSODY_BOOTSTRAP_SERVERS) {
+    const servers = Array.isArray(bootstrapServers) ? bootstrapServers.join(",") : bootstrapServers;
+    if (typeof servers !== "string" || servers.trim() === "") {
+      throw new TypeError("AdminClient needs bootstrap servers (or PROSODY_BOOTSTRAP_SERVERS)");
+    }
+    try {
+      this.#native = new native.NativeAdminClient(servers);
+    } catch (error) {
+      throw translate(error);
+    }
+  }
+
+  async createTopic(name, partitions = 1, replicationFactor = 1) {
+    await call(() => this.#native.createTopic(String(name), partitions, replicationFactor));
+  }
+
+  async deleteTopic(name) {
+    await call(() => this.#native.deleteTopic(String(name)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keyed-state definitions (data only; the runtime is not in this build yet)
+
+const KINDS = new Set(["value", "map", "deque"]);
+
+function checkDefinition(definition) {
+  if (definition === null || typeof definition !== "object" || !KINDS.has(definition.kind)) {
+    throw new TypeError("expected a keyed-state definition made by value(), map(), deque() or message*()");
+  }
+}
+
+function define(kind, payload, name, options = {}) {
+  if (typeof name !== "string" || name === "") throw new TypeError("a collection name must be a non-empty string");
+  const definition = { name, kind, payload };
+  for (const [option, value] of Object.entries(options)) {
+    if (value !== undefined) definition[option] = value;
+  }
+  return Object.freeze(definition);
+}
+
+const value = (name, options) => define("value", "json", name, options);
+const map = (name, options) => define("map", "json", name, options);
+const deque = (name, options) => define("deque", "json", name, options);
+const messageValue = (name, options) => define("value", "message", name, options);
+const messageMap = (name, options) => define("map", "message", name, options);
+const messageDeque = (name, options) => define("deque", "message", name, options);
+
+// ---------------------------------------------------------------------------------------------
+// Logging and telemetry
+
+const LEVELS = ["error", "warn", "info", "debug", "trace"];
+
+function writeStderr(level) {
+  return (message) => process.stderr.write(`${new Date().toISOString()} ${level.toUpperCase()} ${message}\n`);
+}
+
+const defaultLogger = Object.freeze(Object.fromEntries(LEVELS.map((level) => [level, writeStderr(level)])));
+let currentLogger;
+
+function checkLogger(logger) {
+  if (logger === null || typeof logger !== "object") throw new TypeError("a logger must be an object");
+  const missing = LEVELS.filter((level) => typeof logger[level] !== "function");
+  if (missing.length > 0) throw new TypeError(`the logger is missing ${missing.join(", ")}`);
+}
+
+/** Replaces the logger Prosody's Rust core logs to. */
+function setLogger(logger) {
+  checkLogger(logger);
+  currentLogger = logger;
+}
+
+/** Sets the logger only when none was set; true when it was set. */
+function setLoggerIfUnset(logger) {
+  if (currentLogger !== undefined) return false;
+  setLogger(logger);
+  return true;
+}
+
+function loggerIsSet() {
+  return currentLogger !== undefined;
+}
+
+function getCurrentLogger() {
+  return currentLogger ?? defaultLogger;
+}
+
+function log(level, target, message) {
+  const logger = getCurrentLogger();
+  try {
+    logger[LEVELS[level] ?? "info"](`${target}: ${message}`);
+  } catch {
+    // A failing logger must not break the Rust side.
+  }
+}
+
+/** Prepares logging and tracing; called on load, safe to call again. */
+function initialize() {
+  native.setLogSink(log);
+}
+
+/** Exports pending telemetry. This build has no OpenTelemetry exporter, so there is nothing to flush. */
+async function flushTelemetry() {}
+
+/** Exports pending telemetry and stops its providers (nothing to do in this build). */
+async function shutdownTelemetry() {}
+
+initialize();
+
+module.exports = {
+  ProsodyClient,
+  AdminClient,
+  Context,
+  ConsumerState,
+  Mode,
+  EventHandlerError,
+  TransientError,
+  PermanentError,
+  TransientStateError,
+  PermanentStateError,
+  isStateError,
+  transient,
+  permanent,
+  value,
+  map,
+  deque,
+  messageValue,
+  messageMap,
+  messageDeque,
+  setLogger,
+  setLoggerIfUnset,
+  loggerIsSet,
+  getCurrentLogger,
+  initialize,
+  flushTelemetry,
+  shutdownTelemetry,
+};

@@ -1,0 +1,402 @@
+//! The [`EventHandler`] that runs a JavaScript handler.
+//!
+//! Events reach JavaScript in batches. An attempt registers itself (see [`crate::context`]),
+//! appends its event, already encoded as a JSON array, to the bridge's pending batch and, if no
+//! delivery is scheduled yet, schedules one napi [`ThreadsafeFunction`] call. That call runs on
+//! the Node.js thread, takes the whole pending batch in one string and hands it to the
+//! JavaScript `deliver(batch)` function, which parses it with one `JSON.parse` (payloads
+//! included) and starts the application's `onMessage`/`onExcise`/`onTimer` for each event.
+//! When a handler's promise settles, `index.js` reports it, again batched, through
+//! `completeEvents`, which wakes the attempt's future. Per event this costs no napi call at all
+//! on the hot path, only a share of one call per batch in each direction.
+//!
+//! The pipeline never starts a key's next event before the previous handler future finished, and
+//! that future finishes only when the JavaScript promise settled, so one key's JavaScript handlers
+//! never overlap while handlers of different keys are all pending on the event loop at once.
+//!
+//! While waiting, the attempt's future also serves the context requests the handler makes (see
+//! [`crate::context`]) and watches for cancellation: when the pipeline cancels the attempt
+//! (timeout, revocation, shutdown) it flags `context.shouldCancel` and asks JavaScript, through a
+//! second (weak) threadsafe function, to abort the handler's `AbortSignal`.
+
+use std::fmt;
+use std::mem;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use napi::Status;
+use napi::bindgen_prelude::Uint32Array;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi_derive::napi;
+use parking_lot::Mutex;
+use prosody::api::{
+    ClassifyError, ErrorClass, EventContext, EventHandler, ExciseMessage, Message, Timer,
+};
+use serde_json::{Value, json};
+
+use crate::context::{Attempt, complete};
+
+/// What kind of event a batch entry carries (its first element).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EventKind {
+    /// `onMessage(context, message, signal)`.
+    Message = 0,
+    /// `onExcise(context, message, signal)`.
+    Excise = 1,
+    /// `onTimer(context, timer, signal)`.
+    Timer = 2,
+}
+
+/// How a handler ended when it did not simply answer `null`/`undefined`.
+#[napi(object)]
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct HandlerReply {
+    /// The handler's answer as JSON text.
+    pub response: Option<String>,
+    /// The message of what the handler threw.
+    pub error: Option<String>,
+    /// True when what the handler threw is classified permanent.
+    pub permanent: Option<bool>,
+}
+
+/// The JavaScript `deliver(batch)` function; the batch text is taken on the Node.js thread.
+pub type DeliverFn = ThreadsafeFunction<(), (), String, Status, false>;
+
+/// The JavaScript function that aborts the `AbortSignal` of an attempt id. Weak: a pending
+/// abort never keeps the process alive.
+pub type AbortFn = ThreadsafeFunction<u32, (), u32, Status, false, true>;
+
+/// A failed JavaScript handler.
+#[derive(Debug)]
+pub struct JsHandlerError {
+    message: String,
+    class: ErrorClass,
+}
+
+impl JsHandlerError {
+    fn new(message: impl Into<String>, class: ErrorClass) -> Self {
+        Self {
+            message: message.into(),
+            class,
+        }
+    }
+}
+
+impl fmt::Display for JsHandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for JsHandlerError {}
+
+impl ClassifyError for JsHandlerError {
+    fn error_class(&self) -> ErrorClass {
+        self.class
+    }
+}
+
+/// Events waiting for the next delivery, and whether one is scheduled.
+#[derive(Default)]
+pub struct Batch {
+    events: Vec<(u32, String)>,
+    scheduled: bool,
+}
+
+impl Batch {
+    /// Takes every waiting event as one JSON array text; the next event schedules a delivery.
+    pub fn take(&mut self) -> String {
+        self.scheduled = false;
+        let events = mem::take(&mut self.events);
+        let mut text =
+            String::with_capacity(events.iter().map(|(_, e)| e.len() + 1).sum::<usize>() + 2);
+        text.push('[');
+        for (index, (_, event)) in events.iter().enumerate() {
+            if index > 0 {
+                text.push(',');
+            }
+            text.push_str(event);
+        }
+        text.push(']');
+        text
+    }
+}
+
+/// The JavaScript side of the current subscription. Released on unsubscribe and shutdown so the
+/// Node.js process is no longer kept alive by it, even if the pipeline still holds the handler.
+pub struct Bridge {
+    batch: Arc<Mutex<Batch>>,
+    functions: Mutex<Option<(Arc<DeliverFn>, Arc<AbortFn>)>>,
+}
+
+impl Bridge {
+    /// A bridge delivering `batch` through `deliver` and aborting through `abort`.
+    #[must_use]
+    pub fn new(batch: Arc<Mutex<Batch>>, deliver: DeliverFn, abort: AbortFn) -> Self {
+        Self {
+            batch,
+            functions: Mutex::new(Some((Arc::new(deliver), Arc::new(abort)))),
+        }
+    }
+
+    /// Releases the JavaScript functions; events not yet delivered fail transiently.
+    pub fn release(&self) {
+        self.functions.lock().take();
+        let pending = mem::take(&mut self.batch.lock().events);
+        complete(pending.into_iter().map(|(id, _)| (id, Some(released()))));
+    }
+
+    fn abort_fn(&self) -> Option<Arc<AbortFn>> {
+        self.functions
+            .lock()
+            .as_ref()
+            .map(|(_, abort)| abort.clone())
+    }
+
+    /// Queues `event` of attempt `id` for delivery; false when the bridge was released.
+    fn enqueue(&self, id: u32, event: String) -> bool {
+        let deliver = {
+            let Some(deliver) = self
+                .functions
+                .lock()
+                .as_ref()
+                .map(|(deliver, _)| deliver.clone())
+            else {
+                return false;
+            };
+            let mut batch = self.batch.lock();
+            batch.events.push((id, event));
+            if batch.scheduled {
+                return true;
+            }
+            batch.scheduled = true;
+            deliver
+        };
+        if deliver.call((), ThreadsafeFunctionCallMode::NonBlocking) != Status::Ok {
+            let pending = mem::take(&mut self.batch.lock().events);
+            complete(pending.into_iter().map(|(id, _)| (id, Some(released()))));
+        }
+        true
+    }
+}
+
+fn released() -> HandlerReply {
+    HandlerReply {
+        error: Some("the JavaScript handler was released (unsubscribed or shut down)".to_owned()),
+        ..HandlerReply::default()
+    }
+}
+
+/// Reports settled handlers: `ok` lists attempts that answered `null`/`undefined`; `others` is
+/// the JSON text of `[[id, response | null, error | null, permanent], ...]` for the rest.
+///
+/// # Errors
+/// When `others` is not the expected JSON.
+#[napi]
+pub fn complete_events(ok: Uint32Array, others: Option<String>) -> napi::Result<()> {
+    complete(ok.iter().map(|&id| (id, None)));
+    if let Some(others) = others {
+        let parsed: Vec<(u32, Option<String>, Option<String>, bool)> =
+            serde_json::from_str(&others)
+                .map_err(|error| napi::Error::new(Status::InvalidArg, error.to_string()))?;
+        complete(parsed.into_iter().map(|(id, response, error, permanent)| {
+            (
+                id,
+                Some(HandlerReply {
+                    response,
+                    error,
+                    permanent: Some(permanent),
+                }),
+            )
+        }));
+    }
+    Ok(())
+}
+
+/// An [`EventHandler`] that runs the JavaScript handler behind a [`Bridge`].
+#[derive(Clone)]
+pub struct JsHandler {
+    bridge: Arc<Bridge>,
+}
+
+impl JsHandler {
+    /// A handler calling through `bridge`.
+    #[must_use]
+    pub fn new(bridge: Arc<Bridge>) -> Self {
+        Self { bridge }
+    }
+
+    async fn run(
+        &self,
+        context: &dyn EventContext,
+        event: impl FnOnce(u32) -> Value,
+    ) -> Result<Value, JsHandlerError> {
+        let (attempt, mut requests, completion) = Attempt::open();
+        let id = attempt.id();
+        let abort = self.bridge.abort_fn();
+        if !self.bridge.enqueue(id, event(id).to_string()) {
+            return Err(JsHandlerError::new(
+                "the JavaScript handler was released (unsubscribed or shut down)",
+                ErrorClass::Transient,
+            ));
+        }
+        tokio::pin!(completion);
+        let cancelled = context.cancelled();
+        tokio::pin!(cancelled);
+        let mut cancel_seen = false;
+        let mut serving = FuturesUnordered::new();
+        let settled = loop {
+            tokio::select! {
+                biased;
+                settled = &mut completion => break settled,
+                Some(request) = requests.recv() => serving.push(request.serve(context)),
+                Some(()) = serving.next(), if !serving.is_empty() => {}
+                () = &mut cancelled, if !cancel_seen => {
+                    cancel_seen = true;
+                    attempt.mark_cancelled();
+                    if let Some(abort) = &abort {
+                        abort.call(id, ThreadsafeFunctionCallMode::NonBlocking);
+                    }
+                }
+            }
+        };
+        // Requests still in flight are dropped with the attempt: JavaScript sees AttemptEnded.
+        drop(serving);
+        drop(attempt);
+        match settled {
+            Ok(None) => Ok(Value::Null),
+            Ok(Some(reply)) => reply_to_result(reply),
+            Err(_) => Err(JsHandlerError::new(
+                "the JavaScript handler never reported completion",
+                ErrorClass::Transient,
+            )),
+        }
+    }
+}
+
+fn reply_to_result(reply: HandlerReply) -> Result<Value, JsHandlerError> {
+    if let Some(error) = reply.error {
+        let class = if reply.permanent.unwrap_or(false) {
+            ErrorClass::Permanent
+        } else {
+            ErrorClass::Transient
+        };
+        return Err(JsHandlerError::new(error, class));
+    }
+    match reply.response {
+        None => Ok(Value::Null),
+        Some(text) => serde_json::from_str(&text).map_err(|error| {
+            JsHandlerError::new(
+                format!("the handler's answer is not valid JSON: {error}"),
+                ErrorClass::Permanent,
+            )
+        }),
+    }
+}
+
+#[async_trait]
+impl EventHandler for JsHandler {
+    type Error = JsHandlerError;
+
+    async fn on_message(
+        &self,
+        context: &dyn EventContext,
+        message: &Message,
+    ) -> Result<Value, JsHandlerError> {
+        self.run(context, |id| {
+            json!([
+                EventKind::Message as u8,
+                id,
+                message.key.as_str(),
+                message.topic.as_str(),
+                message.partition.0,
+                message.offset.0,
+                message.timestamp.as_millis(),
+                &message.payload,
+            ])
+        })
+        .await
+    }
+
+    async fn on_excise(
+        &self,
+        context: &dyn EventContext,
+        message: &ExciseMessage,
+    ) -> Result<Value, JsHandlerError> {
+        self.run(context, |id| {
+            json!([
+                EventKind::Excise as u8,
+                id,
+                message.key.as_str(),
+                message.topic.as_str(),
+                message.partition.0,
+                message.offset.0,
+                message.timestamp.as_millis(),
+            ])
+        })
+        .await
+    }
+
+    async fn on_timer(
+        &self,
+        context: &dyn EventContext,
+        timer: &Timer,
+    ) -> Result<(), JsHandlerError> {
+        let millis = timer.time.as_secs().saturating_mul(1000);
+        self.run(context, |id| {
+            json!([EventKind::Timer as u8, id, timer.key.as_str(), millis])
+        })
+        .await
+        .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_json_arrays() {
+        let mut batch = Batch::default();
+        assert_eq!(batch.take(), "[]");
+        batch.events.push((1, "[0,1]".to_owned()));
+        batch.events.push((2, "[0,2]".to_owned()));
+        batch.scheduled = true;
+        assert_eq!(batch.take(), "[[0,1],[0,2]]");
+        assert!(!batch.scheduled);
+        assert!(batch.events.is_empty());
+    }
+
+    #[test]
+    fn replies_map_to_results_and_classes() {
+        assert_eq!(
+            reply_to_result(HandlerReply {
+                response: Some("{\"a\":1}".to_owned()),
+                ..HandlerReply::default()
+            })
+            .ok(),
+            Some(serde_json::json!({"a": 1}))
+        );
+        let permanent = reply_to_result(HandlerReply {
+            error: Some("bad".to_owned()),
+            permanent: Some(true),
+            ..HandlerReply::default()
+        });
+        assert!(permanent.is_err_and(|error| error.is_permanent()));
+        let transient = reply_to_result(HandlerReply {
+            error: Some("busy".to_owned()),
+            ..HandlerReply::default()
+        });
+        assert!(transient.is_err_and(|error| !error.is_permanent()));
+        assert!(
+            reply_to_result(HandlerReply {
+                response: Some("{".to_owned()),
+                ..HandlerReply::default()
+            })
+            .is_err_and(|error| error.is_permanent())
+        );
+    }
+}

@@ -35,10 +35,8 @@ fn source_system(event: &Event) -> Option<&str> {
     match event {
         Event::Message(message) => message.headers.source_system(),
         Event::Excise(excise) => excise.headers.source_system(),
-        // Routed as it is: a record we cannot read is reported whoever produced it.
-        Event::Rejected(_) => None,
-        // Our own timers, by definition.
-        Event::Timer(_) => None,
+        // A record we cannot read is reported whoever produced it; timers are our own.
+        Event::Rejected(_) | Event::Timer(_) => None,
     }
 }
 

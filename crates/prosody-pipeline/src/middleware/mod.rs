@@ -14,7 +14,7 @@
 //! | *defer*, *monopolization* | slots kept for issue 6 | pipeline |
 //! | [`shutdown`] | no new attempt once cancelled; end an attempt that ignores cancellation | all |
 //! | [`scheduled`] | hold a fair-scheduler permit while the attempt runs | all |
-//! | [`timeout`] | fire the attempt's cancellation past `timeoutMs` | all |
+//! | [`timeout`] | give the attempt a deadline (`timeoutMs`) past which its context reports cancellation | all |
 //! | [`telemetry`] | handler span and lifecycle events | all |
 //! | [`HandlerService`](crate::dispatch::HandlerService) | call the application's handler | all |
 //!

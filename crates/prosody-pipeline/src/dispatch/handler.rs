@@ -101,8 +101,8 @@ impl<H: EventHandler> HandlerService<H> {
 
 #[async_trait]
 impl<H: EventHandler> Service for HandlerService<H> {
-    async fn call(&self, task: Task) -> Verdict {
-        let context = self.context(&task);
+    async fn call(&self, task: &Task) -> Verdict {
+        let context = self.context(task);
         let answer = self.run(&task.event, &context).await;
         // A failed attempt's writes are dropped with the context (ending it first, so a
         // handle the handler leaked cannot write); a successful one's are committed.
@@ -171,10 +171,15 @@ mod tests {
     #[tokio::test]
     async fn classifies_errors_and_panics_and_keeps_the_answer() {
         let service = HandlerService::new(Arc::new(Scripted));
-        let run = |action: &str| {
+        let attempt = |action: &str| {
             let mut attempt = task(message("k", json!({ "do": action })));
             attempt.attempt = 3;
-            service.call(attempt)
+            attempt
+        };
+        let run = |action: &str| {
+            let attempt = attempt(action);
+            let service = &service;
+            async move { service.call(&attempt).await }
         };
         assert_eq!(run("answer").await, Ok(json!({"answer": 42})));
         let permanent = run("permanent").await.expect_err("fails");

@@ -52,7 +52,7 @@ impl AllowedEvents {
 
 #[async_trait]
 impl Service for AllowedEvents {
-    async fn call(&self, task: Task) -> Verdict {
+    async fn call(&self, task: &Task) -> Verdict {
         if !self.allows(&task.event) {
             trace!(key = %task.event.key(), offset = ?task.event.offset(),
                 "skipped: event type not allowed");
@@ -86,11 +86,14 @@ mod tests {
         ];
         for (payload, handled) in cases {
             let before = calls.count();
-            let verdict = filter.call(task(message("k", payload.clone()))).await;
+            let verdict = filter.call(&task(message("k", payload.clone()))).await;
             assert_eq!(verdict, Ok(Value::Null));
             assert_eq!(calls.count() - before, usize::from(handled), "{payload}");
         }
-        filter.call(task(excise("k"))).await.expect("excise passes");
+        filter
+            .call(&task(excise("k")))
+            .await
+            .expect("excise passes");
         assert_eq!(calls.count(), 6);
     }
 

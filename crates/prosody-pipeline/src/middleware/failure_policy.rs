@@ -76,12 +76,12 @@ impl Layer for FailurePolicyLayer {
 
 #[async_trait]
 impl Service for FailurePolicy {
-    async fn call(&self, task: Task) -> Verdict {
+    async fn call(&self, task: &Task) -> Verdict {
         let failure = match &*task.event {
             Event::Rejected(rejected) => {
                 Failure::new(FailureKind::Permanent, rejected.reason.clone(), 0)
             }
-            _ => match self.inner.call(task.clone()).await {
+            _ => match self.inner.call(task).await {
                 Err(failure) if !failure.is_cancelled() => failure,
                 verdict => return verdict,
             },
@@ -203,7 +203,7 @@ mod tests {
                 timers: None,
             })
             .wrap(calls.clone());
-            let verdict = policy.call(task(message("k", json!({})))).await;
+            let verdict = policy.call(&task(message("k", json!({})))).await;
             assert_eq!(verdict.map_err(|failure| failure.kind), expected);
             assert_eq!(calls.count(), 1);
         }
@@ -217,7 +217,7 @@ mod tests {
             timers: None,
         })
         .wrap(calls.clone());
-        assert_eq!(policy.call(task(rejected("k"))).await, Ok(Value::Null));
+        assert_eq!(policy.call(&task(rejected("k"))).await, Ok(Value::Null));
         assert_eq!(calls.count(), 0);
     }
 }

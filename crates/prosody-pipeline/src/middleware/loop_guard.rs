@@ -42,7 +42,7 @@ fn source_system(event: &Event) -> Option<&str> {
 
 #[async_trait]
 impl Service for LoopGuard {
-    async fn call(&self, task: Task) -> Verdict {
+    async fn call(&self, task: &Task) -> Verdict {
         if source_system(&task.event) == Some(&*self.group_id) {
             trace!(key = %task.event.key(), offset = ?task.event.offset(),
                 "skipped: produced by this group (source-system)");
@@ -71,7 +71,7 @@ mod tests {
         for (headers, handled) in [(ours, false), (theirs, true), (Headers::new(), true)] {
             let before = calls.count();
             let verdict = guard
-                .call(task(message_with("k", json!({}), headers)))
+                .call(&task(message_with("k", json!({}), headers)))
                 .await;
             assert_eq!(verdict, Ok(Value::Null));
             assert_eq!(calls.count() - before, usize::from(handled));

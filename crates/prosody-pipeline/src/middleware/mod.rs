@@ -47,8 +47,8 @@ use crate::event::Event;
 
 pub use stack::{ModePolicy, StackDispatch, StackSettings};
 
-/// One attempt at one event, as it travels down the stack. Cheap to clone: layers that run
-/// their inner service several times (retry) or change a field (timeout, retry) make copies.
+/// One attempt at one event, as it travels down the stack by reference; a layer that changes
+/// a field (retry's attempt number, timeout's deadline) passes a modified copy instead.
 #[derive(Clone, Debug)]
 pub struct Task {
     /// The event.
@@ -161,7 +161,7 @@ pub type Verdict = Result<Value, Failure>;
 #[async_trait]
 pub trait Service: Send + Sync + 'static {
     /// Runs `task` through this layer and the ones below it.
-    async fn call(&self, task: Task) -> Verdict;
+    async fn call(&self, task: &Task) -> Verdict;
 }
 
 /// Builds a layer around an inner service: what [`stack`] composes. Each layer module exposes

@@ -59,27 +59,33 @@ impl Layer for RetryLayer {
 
 #[async_trait]
 impl Service for Retry {
-    async fn call(&self, mut task: Task) -> Verdict {
+    async fn call(&self, task: &Task) -> Verdict {
+        let failure = match self.inner.call(task).await {
+            Err(failure) if failure.kind == FailureKind::Transient => failure,
+            verdict => return verdict,
+        };
+        // The first attempt went through as it was; only a retry needs a task of its own.
         let mut delays = self.policy.delays();
-        let mut retries = 0_u32;
-        loop {
-            let failure = match self.inner.call(task.clone()).await {
-                Err(failure) if failure.kind == FailureKind::Transient => failure,
-                verdict => return verdict,
-            };
+        let mut retry = task.clone();
+        let mut failure = failure;
+        for retries in 0_u32.. {
             if self.max_retries.is_some_and(|max| retries >= max) {
                 return Err(failure);
             }
-            retries += 1;
             let delay = delays.next().unwrap_or(self.policy.max_delay);
-            warn!(key = %task.event.key(), offset = ?task.event.offset(), attempt = task.attempt,
+            warn!(key = %retry.event.key(), offset = ?retry.event.offset(), attempt = retry.attempt,
                 reason = %failure.reason, retry_in = ?delay, "transient failure: retrying");
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
-                () = task.cancel.cancelled() => return Err(Failure::cancelled(task.attempt)),
+                () = retry.cancel.cancelled() => return Err(Failure::cancelled(retry.attempt)),
             }
-            task.attempt += 1;
+            retry.attempt += 1;
+            failure = match self.inner.call(&retry).await {
+                Err(failure) if failure.kind == FailureKind::Transient => failure,
+                verdict => return verdict,
+            };
         }
+        Err(failure)
     }
 }
 
@@ -105,7 +111,7 @@ mod tests {
         let calls = Calls::failing_first(3, FailureKind::Transient);
         let retry = layer(None, calls.clone());
         assert_eq!(
-            retry.call(task(message("k", json!({})))).await,
+            retry.call(&task(message("k", json!({})))).await,
             Ok(Value::Null)
         );
         assert_eq!(calls.attempts(), vec![1, 2, 3, 4]);
@@ -116,7 +122,7 @@ mod tests {
         let calls = Calls::failing(FailureKind::Transient);
         let retry = layer(Some(2), calls.clone());
         let failure = retry
-            .call(task(message("k", json!({}))))
+            .call(&task(message("k", json!({}))))
             .await
             .expect_err("gives up");
         assert_eq!(failure.attempt, 3);
@@ -127,7 +133,7 @@ mod tests {
     async fn permanent_failures_are_not_retried() {
         let calls = Calls::failing(FailureKind::Permanent);
         let retry = layer(None, calls.clone());
-        let failure = retry.call(task(message("k", json!({})))).await;
+        let failure = retry.call(&task(message("k", json!({})))).await;
         assert_eq!(failure.map_err(|f| f.kind), Err(FailureKind::Permanent));
         assert_eq!(calls.count(), 1);
     }
@@ -145,7 +151,7 @@ mod tests {
         .wrap(calls.clone());
         let task = task(message("k", json!({})));
         let cancel = task.cancel.clone();
-        let running = tokio::spawn(async move { retry.call(task).await });
+        let running = tokio::spawn(async move { retry.call(&task).await });
         calls.wait_for(1).await;
         cancel.cancel();
         let verdict = running.await.expect("joined");

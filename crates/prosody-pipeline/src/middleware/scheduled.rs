@@ -33,7 +33,7 @@ impl Layer for ScheduledLayer {
 
 #[async_trait]
 impl Service for Scheduled {
-    async fn call(&self, task: Task) -> Verdict {
+    async fn call(&self, task: &Task) -> Verdict {
         let permit = if let Some(permit) = task.permit.take() {
             permit
         } else {
@@ -47,11 +47,10 @@ impl Service for Scheduled {
                 () = task.cancel.cancelled() => return Err(Failure::cancelled(task.attempt)),
             }
         };
-        let slot = task.permit.clone();
         let verdict = self.inner.call(task).await;
         if verdict.is_ok() {
             // Back to the engine, which releases it after recording the event done.
-            slot.put(permit);
+            task.permit.put(permit);
         }
         verdict
     }
@@ -77,7 +76,7 @@ mod tests {
         let mut attempt = task(message("k", json!({})));
         attempt.permit = PermitSlot::holding(first);
         let slot = attempt.permit.clone();
-        ok.call(attempt).await.expect("ok");
+        ok.call(&attempt).await.expect("ok");
         assert!(slot.is_held(), "the engine releases it after finishing");
 
         let failing = Box::new(ScheduledLayer {
@@ -86,14 +85,14 @@ mod tests {
         .wrap(Calls::failing(FailureKind::Transient));
         let mut attempt = task(message("k", json!({})));
         attempt.permit = slot.clone();
-        let verdict = failing.call(attempt).await;
+        let verdict = failing.call(&attempt).await;
         assert!(verdict.is_err());
         assert!(!slot.is_held(), "released for the backoff");
         // A retry acquires anew, which only works because the failed attempt released it.
         let mut retry = task(message("k", json!({})));
         retry.attempt = 2;
         retry.permit = slot.clone();
-        tokio::time::timeout(std::time::Duration::from_secs(5), ok.call(retry))
+        tokio::time::timeout(std::time::Duration::from_secs(5), ok.call(&retry))
             .await
             .expect("the permit was free")
             .expect("ok");

@@ -48,13 +48,10 @@ impl Layer for ShutdownLayer {
 
 #[async_trait]
 impl Service for Shutdown {
-    async fn call(&self, task: Task) -> Verdict {
+    async fn call(&self, task: &Task) -> Verdict {
         if task.cancel.is_cancelled() {
             return Err(Failure::cancelled(task.attempt));
         }
-        let cancel = task.cancel.clone();
-        let attempt = task.attempt;
-        let key = task.event.key().clone();
         let running = self.inner.call(task);
         tokio::pin!(running);
         // Biased: an attempt that finishes at once never registers with the token.
@@ -62,12 +59,12 @@ impl Service for Shutdown {
             biased;
             verdict = &mut running => verdict,
             () = async {
-                cancel.cancelled().await;
+                task.cancel.cancelled().await;
                 tokio::time::sleep(self.grace).await;
             } => {
-                warn!(%key, attempt, grace = ?self.grace,
+                warn!(key = %task.event.key(), attempt = task.attempt, grace = ?self.grace,
                     "handler ignored cancellation: attempt abandoned, record left uncommitted");
-                Err(Failure::cancelled(attempt))
+                Err(Failure::cancelled(task.attempt))
             }
         }
     }
@@ -86,7 +83,7 @@ mod tests {
         let layer = Box::new(ShutdownLayer::for_budget(Duration::from_secs(1))).wrap(calls.clone());
         let task = task(message("k", json!({})));
         task.cancel.cancel();
-        let verdict = layer.call(task).await;
+        let verdict = layer.call(&task).await;
         assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Cancelled));
         assert_eq!(calls.count(), 0);
     }
@@ -100,7 +97,7 @@ mod tests {
         .wrap(calls.clone());
         let task = task(message("k", json!({})));
         let cancel = task.cancel.clone();
-        let running = tokio::spawn(async move { layer.call(task).await });
+        let running = tokio::spawn(async move { layer.call(&task).await });
         calls.wait_for(1).await;
         let cancelled_at = tokio::time::Instant::now();
         cancel.cancel();

@@ -173,7 +173,7 @@ impl Dispatch for StackDispatch {
         };
         let key = task.event.key().clone();
         let offset = task.event.offset();
-        match self.service.call(task).await {
+        match self.service.call(&task).await {
             Ok(_) => Outcome::Completed,
             Err(failure) if failure.is_cancelled() => Outcome::Abandoned,
             Err(failure) => {
@@ -271,7 +271,7 @@ pub(crate) mod testing {
 
     #[async_trait]
     impl Service for Calls {
-        async fn call(&self, task: Task) -> Verdict {
+        async fn call(&self, task: &Task) -> Verdict {
             let call = {
                 let mut attempts = self.attempts.lock();
                 attempts.push(task.attempt);

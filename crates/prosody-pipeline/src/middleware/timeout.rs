@@ -39,19 +39,18 @@ impl Layer for TimeoutLayer {
 
 #[async_trait]
 impl Service for Timeout {
-    async fn call(&self, mut task: Task) -> Verdict {
+    async fn call(&self, task: &Task) -> Verdict {
         let started = Instant::now();
         let deadline = started + self.timeout;
-        task.deadline = Some(
+        let mut attempt = task.clone();
+        attempt.deadline = Some(
             task.deadline
                 .map_or(deadline, |earlier| earlier.min(deadline)),
         );
-        let key = task.event.key().clone();
-        let attempt = task.attempt;
-        let verdict = self.inner.call(task).await;
+        let verdict = self.inner.call(&attempt).await;
         let ran = started.elapsed();
         if ran > self.timeout {
-            warn!(%key, attempt, timeout = ?self.timeout, ?ran,
+            warn!(key = %task.event.key(), attempt = task.attempt, timeout = ?self.timeout, ?ran,
                 "handler ran past its timeout; its context reported cancellation at the deadline");
         }
         verdict
@@ -75,7 +74,7 @@ mod tests {
         let task = task(message("k", json!({})));
         let parent = task.cancel.clone();
         let started = Instant::now();
-        let verdict = layer.call(task).await;
+        let verdict = layer.call(&task).await;
         assert_eq!(started.elapsed(), Duration::from_millis(250));
         assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
         assert_eq!(calls.cancelled_seen(), 1);
@@ -91,7 +90,7 @@ mod tests {
         .wrap(calls.clone());
         let task = task(message("k", json!({})));
         let cancel = task.cancel.clone();
-        let running = tokio::spawn(async move { layer.call(task).await });
+        let running = tokio::spawn(async move { layer.call(&task).await });
         calls.wait_for(1).await;
         let started = Instant::now();
         cancel.cancel();
@@ -107,7 +106,10 @@ mod tests {
             timeout: Duration::from_millis(250),
         })
         .wrap(calls.clone());
-        layer.call(task(message("k", json!({})))).await.expect("ok");
+        layer
+            .call(&task(message("k", json!({}))))
+            .await
+            .expect("ok");
         assert_eq!(calls.cancelled_seen(), 0);
     }
 }

@@ -544,4 +544,34 @@ mod tests {
             "waited {waited:?}: behind fresh keys, but not past max_wait"
         );
     }
+
+    /// Measurement, not a check: the cost of a grant under contention against a plain
+    /// semaphore. `cargo test --release -p prosody-pipeline --lib scheduler -- --ignored
+    /// --nocapture`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "measurement"]
+    async fn grant_cost_under_contention() {
+        async fn churn(admission: Arc<dyn Admission>) -> Duration {
+            let started = std::time::Instant::now();
+            let workers: Vec<_> = (0..128)
+                .map(|worker| {
+                    let admission = admission.clone();
+                    tokio::spawn(async move {
+                        for round in 0..2_000 {
+                            let key = Key::from(format!("k{}", (worker * 7 + round) % 10_000));
+                            drop(admission.acquire(&key, TaskClass::Normal).await);
+                            tokio::task::yield_now().await;
+                        }
+                    })
+                })
+                .collect();
+            for worker in workers {
+                worker.await.expect("joined");
+            }
+            started.elapsed() / (128 * 2_000)
+        }
+        let fair = churn(Arc::new(scheduler(32))).await;
+        let fifo = churn(Arc::new(crate::consumer::SemaphoreAdmission::new(32))).await;
+        println!("per grant: fair {fair:?}, semaphore {fifo:?}");
+    }
 }

@@ -3,15 +3,22 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use prosody_api::storage::TimerStore;
+use prosody_api::storage::{DedupStore, TimerStore, Ttl};
 use prosody_api::{EventHandler, SlabSize, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
-use prosody_pipeline::dispatch::{HandlerDispatch, RetryPolicy};
+use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::kafka::decode::DecodeLimits;
 use prosody_pipeline::kafka::mock::MockKafka;
 use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
+use prosody_pipeline::middleware::dedup::DedupLayer;
+use prosody_pipeline::middleware::failure_policy::Destination;
+use prosody_pipeline::middleware::retry::RetryPolicy;
+use prosody_pipeline::middleware::telemetry::TelemetryLayer;
+use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
 use prosody_pipeline::probes::{HealthRegistry, ProbeConfig, ProbeServer};
+use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
+use prosody_pipeline::telemetry::{self, TelemetrySink, TraceInjector};
 use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
 use serde_json::Value;
 use storage_memory::MemoryTimerStore;
@@ -19,11 +26,14 @@ use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OnceCell};
 use tracing::{info, warn};
 
-use crate::config::{ClientOptions, Config, StorageBackend};
+use crate::config::{ClientOptions, Config, Mode, SpanRelation, StorageBackend};
 use crate::error::ClientError;
 
 /// Partitions of each subscribed topic that mock mode creates in its in-process cluster.
 const MOCK_PARTITIONS: i32 = 4;
+
+/// Lifecycle events queued for the telemetry topic before new ones are dropped.
+const TELEMETRY_QUEUE: usize = 8_192;
 
 /// Where the consumer is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +57,7 @@ enum Lifecycle {
 struct Subscription {
     poll: PollLoop,
     probes: Option<ProbeServer>,
+    telemetry: Option<TelemetrySink>,
 }
 
 struct Inner {
@@ -108,6 +119,7 @@ impl ProsodyClient {
         config: Config,
         timer_store: Arc<dyn TimerStore>,
     ) -> Result<Self, ClientError> {
+        telemetry::init_tracing(&config.telemetry.log_filter);
         let mock = if config.kafka.mock && config.kafka.bootstrap_servers.is_empty() {
             let mock = MockKafka::start(1).map_err(ClientError::kafka)?;
             // The in-process cluster starts empty and has no admin API: create the topics the
@@ -132,7 +144,8 @@ impl ProsodyClient {
                 bootstrap_servers.clone(),
                 config.kafka.source_system.clone(),
             )
-        })?;
+        })?
+        .with_injector(Arc::new(TraceInjector));
         info!(
             bootstrap_servers,
             group_id = config.kafka.group_id,
@@ -249,28 +262,38 @@ impl ProsodyClient {
                 ..TimerSettings::default()
             },
         );
-        let dispatch = Arc::new(
-            HandlerDispatch::new(
-                Arc::new(handler),
-                RetryPolicy {
-                    base: config.failure.retry.base,
-                    max_delay: config.failure.retry.max_delay,
-                },
+        let telemetry = config.telemetry.enabled.then(|| {
+            TelemetrySink::start(
+                self.inner.producer.clone(),
+                config.telemetry.topic.clone(),
+                TELEMETRY_QUEUE,
+                &Handle::current(),
             )
-            .with_timers(timers.clone()),
-        );
+        });
+        let scheduler = Arc::new(FairScheduler::new(SchedulerSettings {
+            max_concurrency: config.consumer.max_concurrency.get(),
+            failure_weight: config.scheduler.failure_weight,
+            max_wait: config.scheduler.max_wait,
+            wait_weight: config.scheduler.wait_weight,
+            cache_size: config.scheduler.cache_size.get() as u64,
+        }));
+        let dispatch = Arc::new(StackDispatch::new(
+            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers),
+            Arc::new(HandlerService::new(Arc::new(handler)).with_timers(timers.clone())),
+        ));
         let flow = Arc::new(QueueFlowControl::default());
-        let engine = Engine::with_timers(
+        let engine = Engine::with_admission(
             EngineLimits {
                 max_concurrency: config.consumer.max_concurrency.get(),
                 max_uncommitted: config.consumer.max_uncommitted.get(),
                 shutdown_timeout: config.consumer.shutdown_timeout,
             },
             dispatch,
+            scheduler,
             flow.clone(),
             self.inner.health.clone(),
             Handle::current(),
-            timers,
+            Some(timers),
         );
         let settings = PollSettings {
             bootstrap_servers: self.inner.bootstrap_servers.clone(),
@@ -302,7 +325,11 @@ impl ProsodyClient {
         };
         *self.inner.probe_address.lock() = probes.as_ref().map(ProbeServer::local_addr);
         *self.inner.engine.lock() = Some(engine);
-        *lifecycle = Lifecycle::Subscribed(Subscription { poll, probes });
+        *lifecycle = Lifecycle::Subscribed(Subscription {
+            poll,
+            probes,
+            telemetry,
+        });
         info!(topics = ?config.consumer.subscribed_topics, "subscribed");
         Ok(())
     }
@@ -405,8 +432,15 @@ impl ProsodyClient {
     }
 
     async fn stop(&self, subscription: Subscription) {
-        let Subscription { poll, probes } = subscription;
+        let Subscription {
+            poll,
+            probes,
+            telemetry,
+        } = subscription;
         poll.stop().await;
+        if let Some(telemetry) = telemetry {
+            telemetry.close(self.inner.config.kafka.send_timeout).await;
+        }
         if let Some(probes) = probes {
             probes.stop().await;
         }
@@ -416,6 +450,81 @@ impl ProsodyClient {
         info!("unsubscribed");
     }
 
+    /// The middleware stack of a subscription, as the configuration asks (see
+    /// `prosody_pipeline::middleware` for the layers and their order per mode).
+    fn stack_settings(
+        &self,
+        scheduler: Arc<FairScheduler>,
+        telemetry: Option<TelemetrySink>,
+        timers: &Timers,
+    ) -> StackSettings {
+        let config = &self.inner.config;
+        let retry = RetryPolicy {
+            base: config.failure.retry.base,
+            max_delay: config.failure.retry.max_delay,
+        };
+        let failures = config
+            .failure
+            .failure_topic
+            .as_ref()
+            .map_or(Destination::Log, |topic| Destination::FailureTopic {
+                topic: topic.clone(),
+                producer: self.inner.producer.clone(),
+                retry,
+            });
+        let span_relation = |relation| match relation {
+            SpanRelation::Child => telemetry::SpanRelation::Child,
+            SpanRelation::FollowsFrom => telemetry::SpanRelation::FollowsFrom,
+        };
+        StackSettings {
+            mode: match config.failure.mode {
+                Mode::Pipeline => ModePolicy::Pipeline,
+                Mode::LowLatency => ModePolicy::LowLatency {
+                    max_retries: config.failure.retry.max_retries,
+                },
+                Mode::BestEffort => ModePolicy::BestEffort,
+            },
+            group_id: config.kafka.group_id.clone(),
+            allowed_events: config.consumer.allowed_events.clone(),
+            failures,
+            timers: Some(timers.clone()),
+            retry,
+            dedup: DedupLayer {
+                store: dedup_store(config),
+                cache_size: config.dedup.cache_size.get() as u64,
+                group_id: config.kafka.group_id.clone(),
+                version: config.dedup.version.clone(),
+                ttl: dedup_ttl(config.dedup.ttl),
+            },
+            defer: None,
+            monopolization: None,
+            admission: scheduler,
+            timeout: config.consumer.timeout,
+            shutdown_timeout: config.consumer.shutdown_timeout,
+            telemetry: TelemetryLayer {
+                sink: telemetry,
+                group_id: Arc::from(config.kafka.group_id.as_str()),
+                message_spans: span_relation(config.telemetry.message_spans),
+                timer_spans: span_relation(config.telemetry.timer_spans),
+            },
+        }
+    }
+
+    /// Sends the lifecycle events queued so far to the telemetry topic and exports the spans
+    /// buffered so far.
+    pub async fn flush_telemetry(&self) {
+        let sink = match &*self.inner.lifecycle.lock().await {
+            Lifecycle::Subscribed(subscription) => subscription.telemetry.clone(),
+            Lifecycle::Idle | Lifecycle::ShutDown => None,
+        };
+        if let Some(sink) = sink {
+            sink.flush().await;
+        }
+        tokio::task::spawn_blocking(telemetry::flush_tracing)
+            .await
+            .ok();
+    }
+
     fn ensure_open(&self) -> Result<(), ClientError> {
         if self.inner.shutdown.initialized() {
             Err(ClientError::ShutDown)
@@ -423,6 +532,26 @@ impl ProsodyClient {
             Ok(())
         }
     }
+}
+
+/// The durable tier of deduplication. Until the storage backends are wired into the client,
+/// every backend gets one in-memory store per process, so dedup holds across subscriptions
+/// and clients of the process (records are scoped by group, topic and partition) but not
+/// across restarts.
+fn dedup_store(_config: &Config) -> Arc<dyn DedupStore> {
+    static MEMORY: std::sync::OnceLock<storage_memory::MemoryDedupStore> =
+        std::sync::OnceLock::new();
+    Arc::new(
+        MEMORY
+            .get_or_init(|| storage_memory::MemoryDedupStore::new(SystemClock))
+            .clone(),
+    )
+}
+
+/// `idempotenceTtlS` as a store TTL; the configuration keeps it within 1 s ..= 20 years.
+fn dedup_ttl(ttl: std::time::Duration) -> Ttl {
+    let secs = u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX).max(1);
+    Ttl::from_secs(secs).unwrap_or(Ttl::new(std::num::NonZeroU32::MIN))
 }
 
 /// The timer store of the configured backend.

@@ -147,7 +147,11 @@ async fn lifecycle_resubscribe_and_shutdown() {
         Err(ClientError::NoTopics)
     ));
 
-    let client = client(harness::options(&topic, &group)).await;
+    let client = client(ClientOptions {
+        source_system: None,
+        ..harness::options(&topic, &group)
+    })
+    .await;
     assert_eq!(
         client.source_system(),
         group,

@@ -217,6 +217,9 @@ pub fn options(topic: &str, group: &str) -> ClientOptions {
     ClientOptions {
         bootstrap_servers: Some(vec![super::bootstrap_servers()]),
         group_id: Some(group.to_owned()),
+        // Suites send with the client that consumes; stamped with its own group id (the
+        // default) those records would be skipped by loop prevention.
+        source_system: Some(format!("{group}-test-sender")),
         subscribed_topics: Some(vec![topic.to_owned()]),
         mock: Some(true),
         probe_port: Some(ProbePort::Disabled),

@@ -47,3 +47,5 @@ pub fn unique_name(prefix: &str) -> String {
 }
 
 pub mod harness;
+pub mod kafka_read;
+pub mod scripted;

@@ -9,7 +9,10 @@ pub mod consumer;
 pub mod dispatch;
 pub mod event;
 pub mod kafka;
+pub mod middleware;
 pub mod probes;
+pub mod scheduler;
+pub mod telemetry;
 pub mod timers;
 
 pub use event::{Event, FiredTimer};

@@ -24,7 +24,10 @@ use prosody_api::{
     Timestamp, Topic,
 };
 use prosody_pipeline::consumer::{Engine, EngineLimits, FlowControl, TopicPartition};
-use prosody_pipeline::dispatch::{HandlerDispatch, RetryPolicy};
+use prosody_pipeline::dispatch::HandlerService;
+use prosody_pipeline::middleware::failure_policy::{Destination, FailurePolicyLayer};
+use prosody_pipeline::middleware::retry::{RetryLayer, RetryPolicy};
+use prosody_pipeline::middleware::{Layer, Service, StackDispatch};
 use prosody_pipeline::probes::HealthRegistry;
 use prosody_pipeline::timers::{TimerSettings, Timers};
 use prosody_pipeline::{Event, consumer::Load};
@@ -284,14 +287,25 @@ fn rig_over(timers_store: Arc<dyn TimerStore>, store: MemoryTimerStore, clock: M
             ..TimerSettings::default()
         },
     );
-    let dispatch = HandlerDispatch::new(
-        handler.clone(),
-        RetryPolicy {
+    // Pipeline mode's failure handling without the other layers: transient failures retried
+    // until they succeed, permanent ones logged and given up (which removes a fired timer).
+    let handle: Arc<dyn Service> =
+        Arc::new(HandlerService::new(handler.clone()).with_timers(timers.clone()));
+    let retried = Box::new(RetryLayer {
+        policy: RetryPolicy {
             base: Duration::from_millis(1),
             max_delay: Duration::from_millis(5),
         },
-    )
-    .with_timers(timers.clone());
+        max_retries: None,
+    })
+    .wrap(handle);
+    let dispatch = StackDispatch::from_service(
+        Box::new(FailurePolicyLayer {
+            destination: Destination::Log,
+            timers: Some(timers.clone()),
+        })
+        .wrap(retried),
+    );
     let engine = Engine::with_timers(
         EngineLimits {
             max_concurrency: 8,

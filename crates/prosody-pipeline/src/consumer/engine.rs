@@ -13,10 +13,11 @@ use futures::FutureExt;
 use parking_lot::Mutex;
 use prosody_api::{Key, Offset};
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
+use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass};
 use super::partition::{Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use super::work::{Keyed, Work};
@@ -44,6 +45,20 @@ pub enum Outcome {
 pub trait Dispatch: Send + Sync + 'static {
     /// Handles `event`. `cancel` fires when the work must stop (revocation, shutdown).
     async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome;
+
+    /// Handles `event` holding the admission permit the engine acquired for it in `permit`.
+    /// The engine calls this one; a dispatch that retries overrides it to give the permit
+    /// back while it waits (see [`super::admission`]). The default holds the permit for the
+    /// whole dispatch.
+    async fn dispatch_admitted(
+        &self,
+        event: Event,
+        cancel: CancellationToken,
+        permit: PermitSlot,
+    ) -> Outcome {
+        let _held = permit;
+        self.dispatch(event, cancel).await
+    }
 }
 
 /// Pauses and resumes fetching of a partition (librdkafka in production).
@@ -77,7 +92,7 @@ struct Inner {
     generation: Mutex<u64>,
     dispatch: Arc<dyn Dispatch>,
     flow: Arc<dyn FlowControl>,
-    permits: Arc<Semaphore>,
+    admission: Arc<dyn Admission>,
     limits: EngineLimits,
     health: HealthRegistry,
     runtime: Handle,
@@ -93,6 +108,7 @@ pub struct Engine {
 impl Engine {
     /// An engine that spawns its key runners on `runtime` and reports assignment, work and
     /// progress of its partitions to `health` (which the probes and the client read).
+    /// Admission is first come, first served over `limits.max_concurrency` permits.
     #[must_use]
     pub fn new(
         limits: EngineLimits,
@@ -101,7 +117,8 @@ impl Engine {
         health: HealthRegistry,
         runtime: Handle,
     ) -> Self {
-        Self::build(limits, dispatch, flow, health, runtime, None)
+        let admission = Arc::new(SemaphoreAdmission::new(limits.max_concurrency));
+        Self::with_admission(limits, dispatch, admission, flow, health, runtime, None)
     }
 
     /// As [`Engine::new`], with durable timers: each assigned partition gets a timer manager
@@ -117,25 +134,38 @@ impl Engine {
         runtime: Handle,
         timers: Timers,
     ) -> Self {
-        Self::build(limits, dispatch, flow, health, runtime, Some(timers))
+        let admission = Arc::new(SemaphoreAdmission::new(limits.max_concurrency));
+        Self::with_admission(
+            limits,
+            dispatch,
+            admission,
+            flow,
+            health,
+            runtime,
+            Some(timers),
+        )
     }
 
-    fn build(
+    /// The general constructor: `admission` (the fair scheduler) bounds concurrency instead
+    /// of a plain semaphore of `limits.max_concurrency` permits, and `timers`, when given,
+    /// work as for [`Engine::with_timers`].
+    #[must_use]
+    pub fn with_admission(
         limits: EngineLimits,
         dispatch: Arc<dyn Dispatch>,
+        admission: Arc<dyn Admission>,
         flow: Arc<dyn FlowControl>,
         health: HealthRegistry,
         runtime: Handle,
         timers: Option<Timers>,
     ) -> Self {
-        let permits = Arc::new(Semaphore::new(limits.max_concurrency.max(1)));
         Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(HashMap::new()),
                 generation: Mutex::new(0),
                 dispatch,
                 flow,
-                permits,
+                admission,
                 limits,
                 health,
                 runtime,
@@ -414,10 +444,9 @@ impl Engine {
     /// Runs the events of one key, one at a time, until its queue is empty.
     async fn run_key(self, partition: TopicPartition, generation: u64, key: Key) {
         loop {
-            // The semaphore is never closed, so acquiring cannot fail.
-            let Ok(permit) = self.inner.permits.clone().acquire_owned().await else {
-                return;
-            };
+            // A key's first attempt is normal work; retries ask again inside the dispatch.
+            let permit =
+                PermitSlot::holding(self.inner.admission.acquire(&key, TaskClass::Normal).await);
             let (event, cancel) = {
                 let mut state = self.inner.state.lock();
                 let Some(slot) = state
@@ -434,19 +463,17 @@ impl Engine {
             let offset = event.offset();
             let event = match event {
                 Work::Event(event) => event,
-                Work::Record(record) => match record.into_event() {
-                    Ok(event) => event,
-                    Err(problem) => {
-                        error!(%partition, %problem, "record skipped: cannot decode");
-                        self.finish(&partition, generation, offset);
-                        drop(permit);
-                        continue;
-                    }
-                },
+                // Decoded here, off the poll thread; a value that is not JSON becomes a
+                // rejected event so the mode's failure policy routes it before it commits.
+                Work::Record(record) => record.into_routable(),
             };
+            if let Event::Rejected(rejected) = &event {
+                error!(%partition, reason = %rejected.reason,
+                    "record rejected: cannot decode; the mode's failure policy routes it");
+            }
             let fired = match &event {
                 Event::Timer(fired) => Some(fired.clone()),
-                Event::Message(_) | Event::Excise(_) => None,
+                Event::Message(_) | Event::Excise(_) | Event::Rejected(_) => None,
             };
             let timers = self.inner.timers.as_ref();
             if let (Some(fired), Some(timers)) = (&fired, timers)
@@ -459,9 +486,13 @@ impl Engine {
                 drop(permit);
                 continue;
             }
-            let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch(event, cancel))
-                .catch_unwind()
-                .await;
+            let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
+                event,
+                cancel,
+                permit.clone(),
+            ))
+            .catch_unwind()
+            .await;
             let completed = match dispatched {
                 Ok(Outcome::Completed) => true,
                 Ok(Outcome::Abandoned) => false,
@@ -475,7 +506,7 @@ impl Engine {
             }
             self.finish(&partition, generation, offset.filter(|_| completed));
             // Released only after the finish is recorded, so the engine never counts more
-            // running events than there are permits.
+            // running events than there are permits (unless the dispatch gave it back).
             drop(permit);
         }
     }

@@ -1,5 +1,6 @@
 //! The consumer: a poll loop feeding an engine of per-partition key queues.
 
+pub mod admission;
 pub mod engine;
 pub mod offsets;
 pub mod partition;
@@ -8,5 +9,6 @@ pub mod topic_partition;
 pub mod wakeup;
 pub mod work;
 
+pub use admission::{Admission, Permit, PermitSlot, SemaphoreAdmission, TaskClass};
 pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome};
 pub use topic_partition::TopicPartition;

@@ -33,7 +33,8 @@ use super::engine::{Engine, FlowControl};
 use super::topic_partition::TopicPartition;
 use super::wakeup::Wakeup;
 use super::work::Work;
-use crate::kafka::decode::{DecodeLimits, capture, decode};
+use crate::event::Event;
+use crate::kafka::decode::{DecodeLimits, capture, decode, reject};
 
 /// Records read from one partition queue before moving to the next, so one busy partition
 /// cannot starve the others within an iteration.
@@ -298,7 +299,7 @@ fn drain_main_queue(consumer: &KafkaConsumer, engine: &Engine, limits: &DecodeLi
 }
 
 /// Reads what the partition has room for and offers it as one batch. A record that cannot be
-/// captured is skipped in its place in the order, so the offsets stay exact.
+/// captured is offered in its place as a rejected event for the failure policy.
 fn read_partition(
     engine: &Engine,
     partition: &TopicPartition,
@@ -315,9 +316,11 @@ fn read_partition(
                 match capture(&record, &partition.topic, limits) {
                     Ok(captured) => batch.push(Work::Record(captured)),
                     Err(problem) => {
-                        engine.offer_batch(partition, std::mem::take(&mut batch));
-                        error!(%partition, %problem, "record skipped: cannot decode");
-                        engine.skip(partition, Offset(record.offset()));
+                        error!(%partition, %problem,
+                            "record rejected: cannot decode; the mode's failure policy routes it");
+                        // Queued in its place so its offset commits only once the policy ran.
+                        let rejected = reject(&record, &problem, limits);
+                        batch.push(Work::Event(Event::Rejected(Box::new(rejected))));
                     }
                 }
             }
@@ -336,8 +339,11 @@ fn receive(engine: &Engine, record: &BorrowedMessage<'_>, limits: &DecodeLimits)
     match decode(record, limits) {
         Ok(event) => engine.offer(&partition, event),
         Err(problem) => {
-            error!(%partition, offset = record.offset(), %problem, "record skipped: cannot decode");
-            engine.skip(&partition, Offset(record.offset()));
+            error!(%partition, offset = record.offset(), %problem,
+                "record rejected: cannot decode; the mode's failure policy routes it");
+            // Queued like any record so its offset commits only once the policy has run.
+            let rejected = reject(record, &problem, limits);
+            engine.offer(&partition, Event::Rejected(Box::new(rejected)));
         }
     }
 }

@@ -9,6 +9,7 @@ use prosody_api::{
     TimerContext, TimerKind, TimerTime,
 };
 use serde_json::Value;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::timers::{StagedTimers, TimerWrite};
@@ -26,6 +27,8 @@ use crate::timers::{StagedTimers, TimerWrite};
 pub struct AttemptContext {
     key: Key,
     cancel: CancellationToken,
+    deadline: Option<Instant>,
+    attempt: u32,
     ended: AtomicBool,
     timers: Option<StagedTimers>,
 }
@@ -35,12 +38,33 @@ impl AttemptContext {
     /// calls fail with an invalid-request error).
     #[must_use]
     pub fn new(key: Key, cancel: CancellationToken) -> Self {
+        Self::for_attempt(key, cancel, 1)
+    }
+
+    /// A context for attempt number `attempt` (from 1) on `key`.
+    #[must_use]
+    pub fn for_attempt(key: Key, cancel: CancellationToken, attempt: u32) -> Self {
         Self {
             key,
             cancel,
+            deadline: None,
+            attempt,
             ended: AtomicBool::new(false),
             timers: None,
         }
+    }
+
+    /// The context reports cancellation from `deadline` on too (the handler timeout).
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The attempt number, from 1.
+    #[must_use]
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
 
     /// Gives the context the timers API, staged in `timers` (from
@@ -147,10 +171,19 @@ impl TimerContext for AttemptContext {
 impl Cancellation for AttemptContext {
     fn should_cancel(&self) -> bool {
         self.cancel.is_cancelled()
+            || self
+                .deadline
+                .is_some_and(|deadline| Instant::now() >= deadline)
     }
 
     async fn cancelled(&self) {
-        self.cancel.cancelled().await;
+        match self.deadline {
+            Some(deadline) => tokio::select! {
+                () = self.cancel.cancelled() => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            },
+            None => self.cancel.cancelled().await,
+        }
     }
 }
 

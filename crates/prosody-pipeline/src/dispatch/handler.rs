@@ -1,62 +1,36 @@
-//! The innermost dispatch: calls the application's handler, retrying transient failures.
+//! The bottom of the middleware stack: one attempt of the application's [`EventHandler`].
 //!
-//! This is the pipeline mode's core guarantee (never drop a record on a transient failure);
-//! the failure-handling middleware (modes, failure topic, defer) wraps or replaces it.
+//! It calls the handler, classifies the outcome and settles the attempt's staged writes: a
+//! success commits them (before the event can be reported done, so they are durable before
+//! its offset commits), a failure drops them. Retrying, giving up and everything else belong
+//! to the layers above (see [`crate::middleware`]).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::FutureExt;
 use prosody_api::{ClassifyError, EventHandler, TimerKind};
-use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use serde_json::Value;
+use tracing::warn;
 
 use super::context::AttemptContext;
-use crate::consumer::{Dispatch, Outcome};
 use crate::event::Event;
+use crate::middleware::{Failure, FailureKind, Service, Task, Verdict};
 use crate::timers::Timers;
 
-/// Delays between attempts: exponential from `base` to `max_delay`, with jitter.
-#[derive(Clone, Copy, Debug)]
-pub struct RetryPolicy {
-    /// Delay before the first retry.
-    pub base: Duration,
-    /// Upper bound of any delay.
-    pub max_delay: Duration,
-}
-
-impl RetryPolicy {
-    fn delays(&self) -> impl Iterator<Item = Duration> {
-        ExponentialBuilder::default()
-            .with_min_delay(self.base)
-            .with_max_delay(self.max_delay)
-            .with_jitter()
-            .without_max_times()
-            .build()
-    }
-}
-
-/// Dispatches events to an [`EventHandler`]: transient failures (and panics, which are bugs in
-/// the handler but must not lose the record) are retried with backoff until they succeed;
-/// permanent failures are logged and the record is considered done.
-///
-/// Each attempt gets a fresh [`AttemptContext`]; its staged writes are committed when the
-/// attempt succeeds (before the event is reported completed) and dropped when it fails.
-pub struct HandlerDispatch<H> {
+/// Calls an [`EventHandler`] once per task. A handler error keeps its class; a panic is a
+/// bug in the handler but must not lose the record, so it counts as a transient failure.
+pub struct HandlerService<H> {
     handler: Arc<H>,
-    retry: RetryPolicy,
     timers: Option<Timers>,
 }
 
-impl<H> HandlerDispatch<H> {
+impl<H> HandlerService<H> {
     /// Wraps `handler`; its contexts have no timers until [`Self::with_timers`].
-    pub fn new(handler: Arc<H>, retry: RetryPolicy) -> Self {
+    pub fn new(handler: Arc<H>) -> Self {
         Self {
             handler,
-            retry,
             timers: None,
         }
     }
@@ -68,95 +42,161 @@ impl<H> HandlerDispatch<H> {
         self
     }
 
-    fn context(&self, event: &Event, cancel: CancellationToken) -> AttemptContext {
-        let context = AttemptContext::new(event.key().clone(), cancel);
+    fn context(&self, task: &Task) -> AttemptContext {
+        let context = AttemptContext::for_attempt(
+            task.event.key().clone(),
+            task.cancel.clone(),
+            task.attempt,
+        )
+        .with_deadline(task.deadline);
         match &self.timers {
-            Some(timers) => context.with_timers(timers.stage(event)),
+            Some(timers) => context.with_timers(timers.stage(&task.event)),
             None => context,
         }
     }
 }
 
-enum Attempt {
-    Succeeded,
-    Failed { permanent: bool, reason: String },
-}
-
-impl<H: EventHandler> HandlerDispatch<H> {
-    async fn attempt(&self, event: &Event, context: &AttemptContext) -> Attempt {
+impl<H: EventHandler> HandlerService<H> {
+    async fn run(&self, event: &Event, context: &AttemptContext) -> Result<Value, Failure> {
+        let failed = |kind, reason: String| Failure::new(kind, reason, context.attempt());
         let call = async {
             match event {
-                Event::Message(message) => {
-                    self.handler.on_message(context, message).await.map(drop)
-                }
-                Event::Excise(excise) => self.handler.on_excise(context, excise).await.map(drop),
+                Event::Message(message) => self.handler.on_message(context, message).await,
+                Event::Excise(excise) => self.handler.on_excise(context, excise).await,
                 Event::Timer(fired) => match fired.kind {
-                    TimerKind::Application => self.handler.on_timer(context, &fired.timer).await,
+                    TimerKind::Application => self
+                        .handler
+                        .on_timer(context, &fired.timer)
+                        .await
+                        .map(|()| Value::Null),
                     // The defer middleware handles its own timers before they get here; without
                     // it there is nothing to retry, and completing removes the stray timer.
                     TimerKind::DeferRetry => {
                         warn!(key = %fired.timer.key, "defer-retry timer without a defer layer");
-                        Ok(())
+                        Ok(Value::Null)
                     }
                 },
+                Event::Rejected(rejected) => {
+                    return Err(failed(FailureKind::Permanent, rejected.reason.clone()));
+                }
             }
+            .map_err(|error| {
+                let kind = if error.is_permanent() {
+                    FailureKind::Permanent
+                } else {
+                    FailureKind::Transient
+                };
+                failed(kind, error.to_string())
+            })
         };
         match AssertUnwindSafe(call).catch_unwind().await {
-            Ok(Ok(())) => Attempt::Succeeded,
-            Ok(Err(failure)) => Attempt::Failed {
-                permanent: failure.is_permanent(),
-                reason: failure.to_string(),
-            },
-            Err(_) => Attempt::Failed {
-                permanent: false,
-                reason: "handler panicked".to_owned(),
-            },
+            Ok(verdict) => verdict,
+            Err(_) => Err(failed(
+                FailureKind::Transient,
+                "handler panicked".to_owned(),
+            )),
         }
     }
 }
 
 #[async_trait]
-impl<H: EventHandler> Dispatch for HandlerDispatch<H> {
-    async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome {
-        let mut delays = self.retry.delays();
-        for attempt in 1_u64.. {
-            let context = self.context(&event, cancel.child_token());
-            let result = match self.attempt(&event, &context).await {
-                // The attempt's writes commit with it, before the event counts as done.
-                Attempt::Succeeded => match context.commit().await {
-                    Ok(()) => return Outcome::Completed,
-                    Err(failure) => Attempt::Failed {
-                        permanent: failure.is_permanent(),
-                        reason: format!("committing the attempt's writes failed: {failure}"),
-                    },
-                },
-                failed @ Attempt::Failed { .. } => failed,
-            };
+impl<H: EventHandler> Service for HandlerService<H> {
+    async fn call(&self, task: &Task) -> Verdict {
+        let context = self.context(task);
+        let answer = self.run(&task.event, &context).await;
+        // A failed attempt's writes are dropped with the context (ending it first, so a
+        // handle the handler leaked cannot write); a successful one's are committed.
+        let Ok(answer) = answer else {
             context.end();
-            match result {
-                Attempt::Succeeded => return Outcome::Completed,
-                Attempt::Failed {
-                    permanent: true,
-                    reason,
-                } => {
-                    error!(key = %event.key(), offset = ?event.offset(), attempt, %reason,
-                        "permanent handler failure: record not retried");
-                    if let Err(failure) = context.give_up().await {
-                        warn!(key = %event.key(), %failure, "removing a given-up timer failed");
-                    }
-                    return Outcome::Completed;
-                }
-                Attempt::Failed { reason, .. } => {
-                    let delay = delays.next().unwrap_or(self.retry.max_delay);
-                    warn!(key = %event.key(), offset = ?event.offset(), attempt, %reason,
-                        retry_in = ?delay, "transient handler failure: retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = cancel.cancelled() => return Outcome::Abandoned,
-                    }
-                }
+            return answer;
+        };
+        match context.commit().await {
+            Ok(()) => Ok(answer),
+            Err(error) => {
+                let kind = if error.is_permanent() {
+                    FailureKind::Permanent
+                } else {
+                    FailureKind::Transient
+                };
+                Err(Failure::new(
+                    kind,
+                    format!("committing the attempt's writes failed: {error}"),
+                    task.attempt,
+                ))
             }
         }
-        Outcome::Abandoned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::middleware::stack::testing::{message, task};
+    use prosody_api::{EventContext, ExciseMessage, HandlerError, Message, Timer};
+    use serde_json::json;
+
+    struct Scripted;
+
+    #[async_trait]
+    impl EventHandler for Scripted {
+        type Error = HandlerError;
+
+        async fn on_message(
+            &self,
+            context: &dyn EventContext,
+            message: &Message,
+        ) -> Result<Value, HandlerError> {
+            assert!(!context.should_cancel());
+            match message.payload["do"].as_str() {
+                Some("permanent") => Err(HandlerError::permanent("bad input")),
+                Some("transient") => Err(HandlerError::transient("busy")),
+                Some("panic") => panic!("handler bug"),
+                _ => Ok(json!({"answer": 42})),
+            }
+        }
+
+        async fn on_excise(
+            &self,
+            _: &dyn EventContext,
+            _: &ExciseMessage,
+        ) -> Result<Value, HandlerError> {
+            Ok(Value::Null)
+        }
+
+        async fn on_timer(&self, _: &dyn EventContext, _: &Timer) -> Result<(), HandlerError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn classifies_errors_and_panics_and_keeps_the_answer() {
+        let service = HandlerService::new(Arc::new(Scripted));
+        let attempt = |action: &str| {
+            let mut attempt = task(message("k", json!({ "do": action })));
+            attempt.attempt = 3;
+            attempt
+        };
+        let run = |action: &str| {
+            let attempt = attempt(action);
+            let service = &service;
+            async move { service.call(&attempt).await }
+        };
+        assert_eq!(run("answer").await, Ok(json!({"answer": 42})));
+        let permanent = run("permanent").await.expect_err("fails");
+        assert_eq!(
+            (permanent.kind, permanent.attempt, permanent.reason.as_str()),
+            (
+                FailureKind::Permanent,
+                3,
+                "permanent handler error: bad input"
+            )
+        );
+        let transient = run("transient").await.expect_err("fails");
+        assert_eq!(transient.kind, FailureKind::Transient);
+        let panicked = run("panic").await.expect_err("fails");
+        assert_eq!(
+            (panicked.kind, panicked.reason.as_str()),
+            (FailureKind::Transient, "handler panicked")
+        );
     }
 }

@@ -15,7 +15,7 @@ use prosody_api::{
 };
 use rdkafka::message::Message as RdMessage;
 
-use crate::event::Event;
+use crate::event::{Event, RejectedRecord};
 
 /// Default largest accepted record value: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
@@ -113,6 +113,52 @@ impl Captured {
         self.offset
     }
 
+    /// [`into_event`](Self::into_event) for the engine: a value that is not JSON becomes an
+    /// [`Event::Rejected`] carrying the raw bytes, so the failure policy can forward them.
+    #[must_use]
+    pub fn into_routable(self) -> Event {
+        let Some(value) = &self.value else {
+            return Event::Excise(ExciseMessage {
+                topic: self.topic,
+                partition: self.partition,
+                offset: self.offset,
+                timestamp: self.timestamp,
+                key: self.key,
+                headers: self.headers,
+            });
+        };
+        match serde_json::from_slice(value) {
+            Ok(payload) => Event::Message(Message {
+                topic: self.topic,
+                partition: self.partition,
+                offset: self.offset,
+                timestamp: self.timestamp,
+                key: self.key,
+                payload,
+                headers: self.headers,
+            }),
+            Err(error) => {
+                let reason = DecodeError {
+                    topic: self.topic.clone(),
+                    partition: self.partition,
+                    offset: self.offset,
+                    problem: DecodeProblem::NotJson(error),
+                }
+                .to_string();
+                Event::Rejected(Box::new(RejectedRecord {
+                    raw_key: Some(self.key.as_str().as_bytes().to_vec()),
+                    topic: self.topic,
+                    partition: self.partition,
+                    offset: self.offset,
+                    key: self.key,
+                    raw_value: self.value,
+                    headers: self.headers,
+                    reason,
+                }))
+            }
+        }
+    }
+
     /// Parses the value: a null value is an excise record, anything else must be JSON.
     ///
     /// # Errors
@@ -192,6 +238,37 @@ pub fn capture<M: RdMessage>(
 /// As for both steps.
 pub fn decode<M: RdMessage>(record: &M, limits: &DecodeLimits) -> Result<Event, DecodeError> {
     capture(record, &Topic::from(record.topic()), limits)?.into_event()
+}
+
+/// Keeps what the failure topic needs of a record `decode` rejected: its raw key and value
+/// (the value only up to `limits.max_value_bytes`, so an oversized record is not copied) and
+/// its headers.
+pub fn reject<M: RdMessage>(
+    record: &M,
+    error: &DecodeError,
+    limits: &DecodeLimits,
+) -> RejectedRecord {
+    let raw_key = record.key().map(<[u8]>::to_vec);
+    let key = Key::from(
+        raw_key
+            .as_deref()
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default()
+            .into_owned(),
+    );
+    RejectedRecord {
+        topic: error.topic.clone(),
+        partition: error.partition,
+        offset: error.offset,
+        key,
+        raw_key,
+        raw_value: record
+            .payload()
+            .filter(|value| value.len() <= limits.max_value_bytes)
+            .map(<[u8]>::to_vec),
+        headers: record.headers().map(read_headers).unwrap_or_default(),
+        reason: error.to_string(),
+    }
 }
 
 fn decode_key(key: Option<&[u8]>) -> Result<Key, DecodeProblem> {
@@ -402,6 +479,56 @@ mod tests {
                 "cannot decode record at orders/3@42: the key is missing"
             );
         }
+    }
+
+    #[test]
+    fn routable_event_turns_a_value_that_is_not_json_into_a_rejected_event() {
+        let limits = DecodeLimits::default();
+        let bad = record(Some(b"k1"), Some(b"{not json"));
+        let routed = capture(&bad, &Topic::from("orders"), &limits)
+            .expect("key and size are fine")
+            .into_routable();
+        let Event::Rejected(rejected) = routed else {
+            panic!("expected a rejected event, got {routed:?}");
+        };
+        assert_eq!(rejected.raw_value.as_deref(), Some(&b"{not json"[..]));
+        assert_eq!(rejected.raw_key.as_deref(), Some(&b"k1"[..]));
+        assert!(
+            rejected
+                .reason
+                .starts_with("cannot decode record at orders/3@42: the value is not JSON"),
+            "{}",
+            rejected.reason
+        );
+        let good = record(Some(b"k1"), Some(b"{}"));
+        let routed = capture(&good, &Topic::from("orders"), &limits)
+            .expect("fine")
+            .into_routable();
+        assert!(matches!(routed, Event::Message(_)), "{routed:?}");
+    }
+
+    #[test]
+    fn rejected_record_keeps_raw_parts_but_not_an_oversized_value() {
+        let limits = DecodeLimits { max_value_bytes: 4 };
+        let bad_key = record(Some(&[0x66, 0xff]), Some(b"{}"));
+        let error = problem(decode(&bad_key, &limits));
+        let rejected = reject(&bad_key, &error, &limits);
+        assert_eq!(rejected.raw_key.as_deref(), Some(&[0x66, 0xff][..]));
+        assert_eq!(rejected.key, Key::from("f\u{fffd}"));
+        assert_eq!(rejected.raw_value.as_deref(), Some(&b"{}"[..]));
+        assert_eq!(rejected.offset, Offset(42));
+        assert_eq!(rejected.headers.source_system(), Some("billing"));
+        assert_eq!(rejected.reason, error.to_string());
+
+        let big = record(Some(b"k"), Some(b"12345"));
+        let error = problem(decode(&big, &limits));
+        let rejected = reject(&big, &error, &limits);
+        assert_eq!(rejected.raw_value, None);
+        assert!(
+            rejected.reason.contains("over the limit"),
+            "{}",
+            rejected.reason
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ pub mod mock;
 pub mod producer;
 
 pub use admin::{AdminClient, AdminError};
-pub use decode::{Captured, DecodeError, DecodeLimits, DecodeProblem, capture, decode};
+pub use decode::{Captured, DecodeError, DecodeLimits, DecodeProblem, capture, decode, reject};
 pub use headers::{HeaderInjector, OutgoingHeaders, TraceContext};
 pub use mock::{MockError, MockKafka};
-pub use producer::{Delivery, Producer, ProducerConfig, ProducerError, SendOptions};
+pub use producer::{Delivery, Producer, ProducerConfig, ProducerError, RawRecord, SendOptions};

@@ -93,6 +93,18 @@ impl SendOptions {
     }
 }
 
+/// A record forwarded as raw bytes, such as a failed record sent on to the failure topic: its
+/// key may be missing, empty or not UTF-8 and its value need not be JSON.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawRecord<'a> {
+    /// The key bytes.
+    pub key: Option<&'a [u8]>,
+    /// The value bytes; `None` writes a null value.
+    pub value: Option<&'a [u8]>,
+    /// Headers added after the trace context and before `source-system`.
+    pub headers: &'a [(&'a str, String)],
+}
+
 /// Where a record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Delivery {
@@ -218,6 +230,21 @@ impl Producer {
         self.produce(topic, key, None, options).await
     }
 
+    /// Sends `record` as it is: no key check and no JSON encoding. For forwarding records
+    /// that could not be handled; applications send with [`send`](Self::send).
+    ///
+    /// # Errors
+    /// See [`ProducerError`].
+    pub async fn send_raw(
+        &self,
+        topic: &str,
+        record: RawRecord<'_>,
+        options: SendOptions,
+    ) -> Result<Delivery, ProducerError> {
+        let key = String::from_utf8_lossy(record.key.unwrap_or_default());
+        self.produce_bytes(topic, &key, record, options).await
+    }
+
     async fn produce(
         &self,
         topic: &str,
@@ -230,16 +257,41 @@ impl Producer {
                 topic: topic.to_owned(),
             });
         }
-        let headers = build_headers(
+        let record = RawRecord {
+            key: Some(key.as_bytes()),
+            value: payload,
+            headers: &[],
+        };
+        self.produce_bytes(topic, key, record, options).await
+    }
+
+    /// `key` is the record's key as text, for error messages.
+    async fn produce_bytes(
+        &self,
+        topic: &str,
+        key: &str,
+        raw: RawRecord<'_>,
+        options: SendOptions,
+    ) -> Result<Delivery, ProducerError> {
+        let mut headers = build_headers(
             &self.source_system,
             self.injector.as_ref(),
             options.trace_context.as_ref(),
         );
-        let mut record = FutureRecord::<str, [u8]>::to(topic)
-            .key(key)
-            .headers(headers.to_kafka());
-        if let Some(payload) = payload {
-            record = record.payload(payload);
+        for (name, value) in raw.headers {
+            headers.set(name, value.clone());
+        }
+        // Set last: nothing may forge the source system consumers use for loop prevention.
+        headers.set(
+            super::headers::SOURCE_SYSTEM_HEADER,
+            self.source_system.to_string(),
+        );
+        let mut record = FutureRecord::<[u8], [u8]>::to(topic).headers(headers.to_kafka());
+        if let Some(key) = raw.key {
+            record = record.key(key);
+        }
+        if let Some(value) = raw.value {
+            record = record.payload(value);
         }
 
         // The queue wait is bounded by the same timeout as the whole send; librdkafka retries

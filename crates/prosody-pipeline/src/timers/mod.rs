@@ -239,7 +239,7 @@ impl Timers {
         let (topic, partition) = event.source();
         let fired = match event {
             Event::Timer(fired) => Some(stored(fired)),
-            Event::Message(_) | Event::Excise(_) => None,
+            Event::Message(_) | Event::Excise(_) | Event::Rejected(_) => None,
         };
         StagedTimers::new(
             self.clone(),

@@ -1,0 +1,141 @@
+//! Admission to run: the global bound on handlers running at once (`maxConcurrency`).
+//!
+//! The engine's key runners ask an [`Admission`] for a [`Permit`] before taking their next
+//! event, naming the key and the [`TaskClass`], so an implementation can choose *which*
+//! waiting key runs next (the fair scheduler) rather than only *how many* run. The permit
+//! travels with the dispatch in a [`PermitSlot`]: the middleware may give it back while a
+//! failed attempt waits for its retry and ask again in the retry class, so a key in backoff
+//! does not hold a slot other keys could use.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use prosody_api::Key;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The two pools of run time the scheduler keeps apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskClass {
+    /// A first attempt.
+    Normal,
+    /// A retry of a failed attempt.
+    Retry,
+}
+
+/// Grants permits to run one event's attempt. Dropping the future returned by
+/// [`acquire`](Admission::acquire) withdraws the request.
+#[async_trait]
+pub trait Admission: Send + Sync + 'static {
+    /// Waits for a permit for `key` in `class`.
+    async fn acquire(&self, key: &Key, class: TaskClass) -> Permit;
+}
+
+/// The right to run one attempt. Dropping it gives the slot back.
+pub struct Permit {
+    // Held only for its `Drop`: each admission returns its slot there.
+    _release: Box<dyn Send + Sync>,
+}
+
+impl Permit {
+    /// A permit that runs `release`'s `Drop` when it is dropped.
+    pub fn new(release: impl Send + Sync + 'static) -> Self {
+        Self {
+            _release: Box::new(release),
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Permit")
+    }
+}
+
+/// The permit of one dispatch, shared between the engine (which drops it after recording the
+/// event's end, so it never counts more running events than permits) and the middleware
+/// (which may release it during a retry's backoff). Cheap to clone; clones share the slot.
+#[derive(Clone, Debug, Default)]
+pub struct PermitSlot(Arc<Mutex<Option<Permit>>>);
+
+impl PermitSlot {
+    /// A slot holding `permit`.
+    #[must_use]
+    pub fn holding(permit: Permit) -> Self {
+        Self(Arc::new(Mutex::new(Some(permit))))
+    }
+
+    /// Takes the permit out, if the slot holds one.
+    #[must_use]
+    pub fn take(&self) -> Option<Permit> {
+        self.0.lock().take()
+    }
+
+    /// Puts `permit` in the slot (dropping any permit already there).
+    pub fn put(&self, permit: Permit) {
+        let previous = self.0.lock().replace(permit);
+        drop(previous);
+    }
+
+    /// True when the slot holds a permit.
+    #[must_use]
+    pub fn is_held(&self) -> bool {
+        self.0.lock().is_some()
+    }
+}
+
+/// First come, first served admission: a plain semaphore of `max_concurrency` permits that
+/// ignores keys and classes. The engine's default, and the reference the fair scheduler is
+/// measured against.
+#[derive(Clone, Debug)]
+pub struct SemaphoreAdmission(Arc<Semaphore>);
+
+impl SemaphoreAdmission {
+    /// An admission of `max_concurrency` (at least one) permits.
+    #[must_use]
+    pub fn new(max_concurrency: usize) -> Self {
+        Self(Arc::new(Semaphore::new(max_concurrency.max(1))))
+    }
+}
+
+#[async_trait]
+impl Admission for SemaphoreAdmission {
+    async fn acquire(&self, _: &Key, _: TaskClass) -> Permit {
+        match self.0.clone().acquire_owned().await {
+            Ok(permit) => Permit::from(permit),
+            // The semaphore is never closed.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// Owned semaphore permits release on drop, so they are permits as they are.
+impl From<OwnedSemaphorePermit> for Permit {
+    fn from(permit: OwnedSemaphorePermit) -> Self {
+        Self::new(permit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn semaphore_admission_bounds_and_slot_releases_on_drop() {
+        let admission = SemaphoreAdmission::new(1);
+        let key = Key::from("k");
+        let slot = PermitSlot::holding(admission.acquire(&key, TaskClass::Normal).await);
+        assert!(slot.is_held());
+        let blocked = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            admission.acquire(&key, TaskClass::Retry),
+        )
+        .await;
+        assert!(blocked.is_err(), "the only permit is in the slot");
+        let permit = slot.take().expect("held");
+        assert!(!slot.is_held());
+        drop(permit);
+        let _again = admission.acquire(&key, TaskClass::Retry).await;
+    }
+}

@@ -1,0 +1,223 @@
+//! What happens to an event the layers below gave up on, and to a record that could not be
+//! decoded: written to the failure topic (pipeline and low-latency modes, when one is set) or
+//! logged; either way it is then done and its offset commits. Cancelled work is passed up
+//! untouched so it stays uncommitted.
+//!
+//! A failure-topic record keeps the original key and value and carries where the record came
+//! from, why it failed and after how many attempts, in the headers named by the constants
+//! below. A record rejected by the decoder gets attempt count 0 (no handler ever saw it).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use prosody_api::ClassifyError;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn};
+
+use super::retry::RetryPolicy;
+use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
+use crate::event::Event;
+use crate::kafka::producer::{Producer, RawRecord, SendOptions};
+use crate::timers::Timers;
+
+/// Header: topic the failed record was read from.
+pub const ORIGINAL_TOPIC_HEADER: &str = "prosody-original-topic";
+/// Header: its partition.
+pub const ORIGINAL_PARTITION_HEADER: &str = "prosody-original-partition";
+/// Header: its offset.
+pub const ORIGINAL_OFFSET_HEADER: &str = "prosody-original-offset";
+/// Header: the error text of the last attempt.
+pub const ERROR_HEADER: &str = "prosody-error";
+/// Header: how many attempts were made (0: the record could not be decoded).
+pub const ATTEMPTS_HEADER: &str = "prosody-attempts";
+
+/// Where given-up work goes.
+#[derive(Clone, Debug)]
+pub enum Destination {
+    /// Log it and move on.
+    Log,
+    /// Write it to the failure topic, retrying transient send errors until it lands or the
+    /// work is cancelled.
+    FailureTopic {
+        /// The failure topic.
+        topic: String,
+        /// The producer to write with.
+        producer: Producer,
+        /// Backoff between send attempts.
+        retry: RetryPolicy,
+    },
+}
+
+/// Routes what finally failed to its [`Destination`].
+pub struct FailurePolicy {
+    destination: Destination,
+    timers: Option<Timers>,
+    inner: Arc<dyn Service>,
+}
+
+/// Builds a [`FailurePolicy`].
+pub struct FailurePolicyLayer {
+    /// Where given-up records go.
+    pub destination: Destination,
+    /// Where a given-up timer event's fired timer is removed, so it does not fire again.
+    pub timers: Option<Timers>,
+}
+
+impl Layer for FailurePolicyLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        Arc::new(FailurePolicy {
+            destination: self.destination,
+            timers: self.timers,
+            inner,
+        })
+    }
+}
+
+#[async_trait]
+impl Service for FailurePolicy {
+    async fn call(&self, task: &Task) -> Verdict {
+        let failure = match &*task.event {
+            Event::Rejected(rejected) => {
+                Failure::new(FailureKind::Permanent, rejected.reason.clone(), 0)
+            }
+            _ => match self.inner.call(task).await {
+                Err(failure) if !failure.is_cancelled() => failure,
+                verdict => return verdict,
+            },
+        };
+        self.give_up(&task.event, &failure, &task.cancel).await
+    }
+}
+
+impl FailurePolicy {
+    async fn give_up(
+        &self,
+        event: &Event,
+        failure: &Failure,
+        cancel: &CancellationToken,
+    ) -> Verdict {
+        if let Event::Timer(fired) = event {
+            // No record to forward: log it, and remove the timer so it does not fire again.
+            error!(key = %fired.timer.key, time = %fired.timer.time, attempts = failure.attempt,
+                reason = %failure.reason, "giving up on the timer: removed");
+            if let Some(timers) = &self.timers
+                && let Err(error) = timers.stage(event).give_up().await
+            {
+                warn!(key = %fired.timer.key, %error,
+                    "removing a given-up timer failed: it may fire again");
+            }
+            return Ok(Value::Null);
+        }
+        let Destination::FailureTopic {
+            topic,
+            producer,
+            retry,
+        } = &self.destination
+        else {
+            error!(key = %event.key(), offset = ?event.offset(), attempts = failure.attempt,
+                reason = %failure.reason, "giving up on the record (no failure topic): committed");
+            return Ok(Value::Null);
+        };
+        let (topic_of, partition) = event.source();
+        let offset = event.offset().map_or(-1, |offset| offset.0);
+        let value = value(event);
+        let headers = [
+            (ORIGINAL_TOPIC_HEADER, topic_of.to_string()),
+            (ORIGINAL_PARTITION_HEADER, partition.0.to_string()),
+            (ORIGINAL_OFFSET_HEADER, offset.to_string()),
+            (ERROR_HEADER, failure.reason.clone()),
+            (ATTEMPTS_HEADER, failure.attempt.to_string()),
+        ];
+        let record = RawRecord {
+            key: raw_key(event),
+            value: value.as_deref(),
+            headers: &headers,
+        };
+        let mut delays = retry.delays();
+        loop {
+            let options = SendOptions::default().with_cancel(cancel.clone());
+            match producer.send_raw(topic, record, options).await {
+                Ok(delivery) => {
+                    warn!(key = %event.key(), offset = ?event.offset(), attempts = failure.attempt,
+                        reason = %failure.reason, failure_topic = %topic,
+                        failure_offset = delivery.offset.0, "record written to the failure topic");
+                    return Ok(Value::Null);
+                }
+                Err(_) if cancel.is_cancelled() => return Err(Failure::cancelled(failure.attempt)),
+                Err(send) if send.is_permanent() => {
+                    error!(key = %event.key(), offset = ?event.offset(), reason = %failure.reason,
+                        error = %send, "the failure topic refused the record: committed without it");
+                    return Ok(Value::Null);
+                }
+                Err(send) => {
+                    let delay = delays.next().unwrap_or(retry.max_delay);
+                    warn!(key = %event.key(), offset = ?event.offset(), error = %send,
+                        retry_in = ?delay, "cannot write to the failure topic yet: retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = cancel.cancelled() => return Err(Failure::cancelled(failure.attempt)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The value bytes to forward.
+fn value(event: &Event) -> Option<Vec<u8>> {
+    match event {
+        // Re-encoded: the decoder keeps the parsed value, and equal JSON is what a reader of
+        // the failure topic needs.
+        Event::Message(message) => serde_json::to_vec(&message.payload).ok(),
+        Event::Excise(_) | Event::Timer(_) => None,
+        // An oversized value was not kept (the failure topic would refuse it too): an empty
+        // value, not a null one, so the record does not read as an excise.
+        Event::Rejected(rejected) => Some(rejected.raw_value.clone().unwrap_or_default()),
+    }
+}
+
+fn raw_key(event: &Event) -> Option<&[u8]> {
+    match event {
+        Event::Rejected(rejected) => rejected.raw_key.as_deref(),
+        other => Some(other.key().as_str().as_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::middleware::stack::testing::{Calls, message, rejected, task};
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn logging_policy_commits_failures_and_passes_cancellation_up() {
+        for (kind, expected) in [
+            (FailureKind::Permanent, Ok(Value::Null)),
+            (FailureKind::Transient, Ok(Value::Null)),
+            (FailureKind::Cancelled, Err(FailureKind::Cancelled)),
+        ] {
+            let calls = Calls::failing(kind);
+            let policy = Box::new(FailurePolicyLayer {
+                destination: Destination::Log,
+                timers: None,
+            })
+            .wrap(calls.clone());
+            let verdict = policy.call(&task(message("k", json!({})))).await;
+            assert_eq!(verdict.map_err(|failure| failure.kind), expected);
+            assert_eq!(calls.count(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn rejected_records_never_reach_the_inner_layers() {
+        let calls = Calls::succeeding();
+        let policy = Box::new(FailurePolicyLayer {
+            destination: Destination::Log,
+            timers: None,
+        })
+        .wrap(calls.clone());
+        assert_eq!(policy.call(&task(rejected("k"))).await, Ok(Value::Null));
+        assert_eq!(calls.count(), 0);
+    }
+}

@@ -1,0 +1,172 @@
+//! Failure handling and quality of service as a stack of small layers.
+//!
+//! Every layer is a [`Service`] that wraps an inner one and has one job; it knows nothing of
+//! the layers around it. [`stack`] composes them per mode, in one place, and adapts the
+//! result to the engine's [`Dispatch`](crate::consumer::Dispatch). Outermost first:
+//!
+//! | layer | job | modes |
+//! |---|---|---|
+//! | [`loop_guard`] | skip records our own group produced (`source-system`) | all |
+//! | [`allowed_events`] | skip payloads whose `type` no prefix allows | all |
+//! | [`failure_policy`] | route what finally failed, and undecodable records: failure topic or log | all |
+//! | [`dedup`] | handle a payload `id` once per (key, id, version) | all |
+//! | [`retry`] | retry transient failures with backoff | pipeline (forever), low-latency |
+//! | *defer*, *monopolization* | slots kept for issue 6 | pipeline |
+//! | [`shutdown`] | no new attempt once cancelled; end an attempt that ignores cancellation | all |
+//! | [`scheduled`] | hold a fair-scheduler permit while the attempt runs | all |
+//! | [`timeout`] | give the attempt a deadline (`timeoutMs`) past which its context reports cancellation | all |
+//! | [`telemetry`] | handler span and lifecycle events | all |
+//! | [`HandlerService`](crate::dispatch::HandlerService) | call the application's handler | all |
+//!
+//! Filters come first because they are pure and cheap and must not touch storage; the failure
+//! policy sits outside dedup so a record that failed is never recorded as seen; the scheduler
+//! sits inside retry so each retry asks for a permit in the retry class and a key waiting out
+//! its backoff holds none.
+
+pub mod allowed_events;
+pub mod dedup;
+pub mod failure_policy;
+pub mod loop_guard;
+pub mod retry;
+pub mod scheduled;
+pub mod shutdown;
+pub mod stack;
+pub mod telemetry;
+pub mod timeout;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::consumer::PermitSlot;
+use crate::event::Event;
+
+pub use stack::{ModePolicy, StackDispatch, StackSettings};
+
+/// One attempt at one event, as it travels down the stack by reference; a layer that changes
+/// a field (retry's attempt number, timeout's deadline) passes a modified copy instead.
+#[derive(Clone, Debug)]
+pub struct Task {
+    /// The event.
+    pub event: Arc<Event>,
+    /// Fires when the work must stop: revocation and shutdown.
+    pub cancel: CancellationToken,
+    /// Past this instant the attempt counts as cancelled too (set by the timeout layer).
+    /// A deadline rather than a timer per attempt: nothing is registered unless the handler
+    /// actually waits for cancellation.
+    pub deadline: Option<Instant>,
+    /// The attempt number, from 1.
+    pub attempt: u32,
+    /// The admission permit of the event's dispatch.
+    pub permit: PermitSlot,
+}
+
+impl Task {
+    /// True once the work is cancelled or the deadline has passed.
+    #[must_use]
+    pub fn should_cancel(&self) -> bool {
+        self.cancel.is_cancelled()
+            || self
+                .deadline
+                .is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
+    /// Resolves when the work is cancelled or the deadline passes.
+    pub async fn cancelled(&self) {
+        match self.deadline {
+            Some(deadline) => tokio::select! {
+                () = self.cancel.cancelled() => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            },
+            None => self.cancel.cancelled().await,
+        }
+    }
+}
+
+/// Why an attempt or an event did not succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// A retry may succeed.
+    Transient,
+    /// A retry fails the same way.
+    Permanent,
+    /// Revocation or shutdown stopped the work before it was done; the record must stay
+    /// uncommitted so its next owner handles it.
+    Cancelled,
+}
+
+/// A failed attempt: its kind, its reason as text (what logs and the failure topic carry),
+/// and the attempt it happened on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The kind, which decides between retry, the failure policy and abandoning.
+    pub kind: FailureKind,
+    /// Human-readable reason.
+    pub reason: String,
+    /// The attempt number it happened on (0 for a record never given to the handler).
+    pub attempt: u32,
+}
+
+impl Failure {
+    /// A failure of `kind` on `attempt`.
+    pub fn new(kind: FailureKind, reason: impl Into<String>, attempt: u32) -> Self {
+        Self {
+            kind,
+            reason: reason.into(),
+            attempt,
+        }
+    }
+
+    /// The work was cancelled on `attempt`.
+    #[must_use]
+    pub fn cancelled(attempt: u32) -> Self {
+        Self::new(
+            FailureKind::Cancelled,
+            "cancelled by revocation or shutdown",
+            attempt,
+        )
+    }
+
+    /// True for [`FailureKind::Cancelled`].
+    #[must_use]
+    pub fn is_cancelled(&self) -> bool {
+        self.kind == FailureKind::Cancelled
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            FailureKind::Transient => "transient",
+            FailureKind::Permanent => "permanent",
+            FailureKind::Cancelled => "cancelled",
+        };
+        write!(
+            f,
+            "{kind} failure on attempt {}: {}",
+            self.attempt, self.reason
+        )
+    }
+}
+
+/// What a service answers: the handler's JSON answer, or why there is none. Records a layer
+/// skips (filters, duplicates) answer `Ok(Value::Null)`.
+pub type Verdict = Result<Value, Failure>;
+
+/// One layer of the stack, or the handler at its bottom.
+#[async_trait]
+pub trait Service: Send + Sync + 'static {
+    /// Runs `task` through this layer and the ones below it.
+    async fn call(&self, task: &Task) -> Verdict;
+}
+
+/// Builds a layer around an inner service: what [`stack`] composes. Each layer module exposes
+/// one type implementing it.
+pub trait Layer: Send {
+    /// Wraps `inner`.
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service>;
+}

@@ -1,0 +1,101 @@
+//! Runs each attempt holding an admission permit: the first attempt uses the permit the
+//! engine acquired for the event (normal class); a retry asks again in the retry class, so
+//! the fair scheduler can hold retries to their share of run time. A failed attempt gives its
+//! permit back at once, so the key holds none while the retry layer waits out the backoff.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{Failure, Layer, Service, Task, Verdict};
+use crate::consumer::{Admission, TaskClass};
+
+/// Holds a permit while the attempt runs.
+pub struct Scheduled {
+    admission: Arc<dyn Admission>,
+    inner: Arc<dyn Service>,
+}
+
+/// Builds a [`Scheduled`].
+pub struct ScheduledLayer {
+    /// The admission the engine acquires from (the fair scheduler).
+    pub admission: Arc<dyn Admission>,
+}
+
+impl Layer for ScheduledLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        Arc::new(Scheduled {
+            admission: self.admission,
+            inner,
+        })
+    }
+}
+
+#[async_trait]
+impl Service for Scheduled {
+    async fn call(&self, task: &Task) -> Verdict {
+        let permit = if let Some(permit) = task.permit.take() {
+            permit
+        } else {
+            let class = if task.attempt > 1 {
+                TaskClass::Retry
+            } else {
+                TaskClass::Normal
+            };
+            tokio::select! {
+                permit = self.admission.acquire(task.event.key(), class) => permit,
+                () = task.cancel.cancelled() => return Err(Failure::cancelled(task.attempt)),
+            }
+        };
+        let verdict = self.inner.call(task).await;
+        if verdict.is_ok() {
+            // Back to the engine, which releases it after recording the event done.
+            task.permit.put(permit);
+        }
+        verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::{PermitSlot, SemaphoreAdmission};
+    use crate::middleware::FailureKind;
+    use crate::middleware::stack::testing::{Calls, message, task};
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn success_returns_the_permit_failure_releases_it() {
+        let admission = Arc::new(SemaphoreAdmission::new(1));
+        let key = prosody_api::Key::from("k");
+        let first = admission.acquire(&key, TaskClass::Normal).await;
+        let ok = Box::new(ScheduledLayer {
+            admission: admission.clone(),
+        })
+        .wrap(Calls::succeeding());
+        let mut attempt = task(message("k", json!({})));
+        attempt.permit = PermitSlot::holding(first);
+        let slot = attempt.permit.clone();
+        ok.call(&attempt).await.expect("ok");
+        assert!(slot.is_held(), "the engine releases it after finishing");
+
+        let failing = Box::new(ScheduledLayer {
+            admission: admission.clone(),
+        })
+        .wrap(Calls::failing(FailureKind::Transient));
+        let mut attempt = task(message("k", json!({})));
+        attempt.permit = slot.clone();
+        let verdict = failing.call(&attempt).await;
+        assert!(verdict.is_err());
+        assert!(!slot.is_held(), "released for the backoff");
+        // A retry acquires anew, which only works because the failed attempt released it.
+        let mut retry = task(message("k", json!({})));
+        retry.attempt = 2;
+        retry.permit = slot.clone();
+        tokio::time::timeout(std::time::Duration::from_secs(5), ok.call(&retry))
+            .await
+            .expect("the permit was free")
+            .expect("ok");
+        assert!(slot.is_held());
+    }
+}

@@ -1,0 +1,108 @@
+//! Bounds work past revocation or shutdown. Once the dispatch's cancellation has fired no
+//! new attempt starts, and an attempt still running `grace` after it is dropped: a handler
+//! that ignores cancellation must not keep its key, its scheduler permit and the revocation
+//! waiting past the shutdown budget.
+//!
+//! The engine fires cancellation at four fifths of `shutdownTimeoutMs` and waits for the rest;
+//! the grace is half of that rest, so the dispatch ends (and returns its permit) before the
+//! engine stops waiting for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tracing::warn;
+
+use super::{Failure, Layer, Service, Task, Verdict};
+
+/// Stops attempts that outlive the dispatch's cancellation.
+pub struct Shutdown {
+    grace: Duration,
+    inner: Arc<dyn Service>,
+}
+
+/// Builds a [`Shutdown`].
+pub struct ShutdownLayer {
+    /// How long an attempt may run after cancellation fired.
+    pub grace: Duration,
+}
+
+impl ShutdownLayer {
+    /// The grace for a shutdown budget of `shutdown_timeout` (see the module docs).
+    #[must_use]
+    pub fn for_budget(shutdown_timeout: Duration) -> Self {
+        Self {
+            grace: shutdown_timeout / 10,
+        }
+    }
+}
+
+impl Layer for ShutdownLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        Arc::new(Shutdown {
+            grace: self.grace,
+            inner,
+        })
+    }
+}
+
+#[async_trait]
+impl Service for Shutdown {
+    async fn call(&self, task: &Task) -> Verdict {
+        if task.cancel.is_cancelled() {
+            return Err(Failure::cancelled(task.attempt));
+        }
+        let running = self.inner.call(task);
+        tokio::pin!(running);
+        // Biased: an attempt that finishes at once never registers with the token.
+        tokio::select! {
+            biased;
+            verdict = &mut running => verdict,
+            () = async {
+                task.cancel.cancelled().await;
+                tokio::time::sleep(self.grace).await;
+            } => {
+                warn!(key = %task.event.key(), attempt = task.attempt, grace = ?self.grace,
+                    "handler ignored cancellation: attempt abandoned, record left uncommitted");
+                Err(Failure::cancelled(task.attempt))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::middleware::FailureKind;
+    use crate::middleware::stack::testing::{Calls, message, task};
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn no_attempt_starts_after_cancellation() {
+        let calls = Calls::succeeding();
+        let layer = Box::new(ShutdownLayer::for_budget(Duration::from_secs(1))).wrap(calls.clone());
+        let task = task(message("k", json!({})));
+        task.cancel.cancel();
+        let verdict = layer.call(&task).await;
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Cancelled));
+        assert_eq!(calls.count(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_ignoring_cancellation_is_dropped_after_the_grace() {
+        let calls = Calls::hanging();
+        let layer = Box::new(ShutdownLayer {
+            grace: Duration::from_millis(300),
+        })
+        .wrap(calls.clone());
+        let task = task(message("k", json!({})));
+        let cancel = task.cancel.clone();
+        let running = tokio::spawn(async move { layer.call(&task).await });
+        calls.wait_for(1).await;
+        let cancelled_at = tokio::time::Instant::now();
+        cancel.cancel();
+        let verdict = running.await.expect("joined");
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Cancelled));
+        assert_eq!(cancelled_at.elapsed(), Duration::from_millis(300));
+    }
+}

@@ -1,0 +1,347 @@
+//! The one place where layers are composed, per mode, and the adapter the engine dispatches
+//! to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use tracing::error;
+
+use super::allowed_events::AllowedEventsLayer;
+use super::dedup::DedupLayer;
+use super::failure_policy::{Destination, FailurePolicyLayer};
+use super::loop_guard::LoopGuardLayer;
+use super::retry::{RetryLayer, RetryPolicy};
+use super::scheduled::ScheduledLayer;
+use super::shutdown::ShutdownLayer;
+use super::telemetry::TelemetryLayer;
+use super::timeout::TimeoutLayer;
+use super::{Layer, Service, Task};
+use crate::consumer::{Admission, Dispatch, Outcome, PermitSlot};
+use crate::event::Event;
+use crate::timers::Timers;
+
+/// The failure-handling mode (FEATURES.md section 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModePolicy {
+    /// Never drops on a transient failure: retries until success (defer and monopolization
+    /// slot in here). Permanent failures go to the failure topic when set, else are logged.
+    Pipeline,
+    /// Retries `max_retries` times after the first attempt, then gives up to the failure
+    /// topic (required by the configuration in this mode).
+    LowLatency {
+        /// Retries after the first attempt.
+        max_retries: u32,
+    },
+    /// No retries: failures are logged and committed.
+    BestEffort,
+}
+
+/// Everything the stack is built from.
+pub struct StackSettings {
+    /// The mode.
+    pub mode: ModePolicy,
+    /// The consumer group (loop prevention, dedup scope, telemetry).
+    pub group_id: String,
+    /// `allowedEvents` prefixes; empty allows everything.
+    pub allowed_events: Vec<String>,
+    /// Where given-up records go in pipeline and low-latency modes (best-effort always logs).
+    pub failures: Destination,
+    /// The timers runtime, so a given-up timer event's timer is removed.
+    pub timers: Option<Timers>,
+    /// Backoff of in-process retries.
+    pub retry: RetryPolicy,
+    /// Deduplication.
+    pub dedup: DedupLayer,
+    /// Pipeline mode only: the defer layer (issue 6), between retry and monopolization.
+    pub defer: Option<Box<dyn Layer>>,
+    /// Pipeline mode only: the monopolization layer (issue 6), between defer and shutdown.
+    pub monopolization: Option<Box<dyn Layer>>,
+    /// The admission the engine acquires from; retries acquire from it too.
+    pub admission: Arc<dyn Admission>,
+    /// Handler timeout.
+    pub timeout: Duration,
+    /// The shutdown budget (`shutdownTimeoutMs`).
+    pub shutdown_timeout: Duration,
+    /// Spans and lifecycle events.
+    pub telemetry: TelemetryLayer,
+}
+
+/// The layers of `settings.mode`, outermost first.
+fn layers(settings: StackSettings) -> Vec<Box<dyn Layer>> {
+    let StackSettings {
+        mode,
+        group_id,
+        allowed_events,
+        failures,
+        timers,
+        retry,
+        dedup,
+        defer,
+        monopolization,
+        admission,
+        timeout,
+        shutdown_timeout,
+        telemetry,
+    } = settings;
+    let failures = match mode {
+        ModePolicy::BestEffort => Destination::Log,
+        ModePolicy::Pipeline | ModePolicy::LowLatency { .. } => failures,
+    };
+    let mut layers: Vec<Box<dyn Layer>> = vec![
+        Box::new(LoopGuardLayer { group_id }),
+        Box::new(AllowedEventsLayer {
+            prefixes: allowed_events,
+        }),
+        Box::new(FailurePolicyLayer {
+            destination: failures,
+            timers,
+        }),
+        Box::new(dedup),
+    ];
+    match mode {
+        ModePolicy::Pipeline => {
+            layers.push(Box::new(RetryLayer {
+                policy: retry,
+                max_retries: None,
+            }));
+            layers.extend(defer);
+            layers.extend(monopolization);
+        }
+        ModePolicy::LowLatency { max_retries } => layers.push(Box::new(RetryLayer {
+            policy: retry,
+            max_retries: Some(max_retries),
+        })),
+        ModePolicy::BestEffort => {}
+    }
+    layers.push(Box::new(ShutdownLayer::for_budget(shutdown_timeout)));
+    layers.push(Box::new(ScheduledLayer { admission }));
+    layers.push(Box::new(TimeoutLayer { timeout }));
+    layers.push(Box::new(telemetry));
+    layers
+}
+
+/// Wraps `handler` in the layers of `settings.mode`.
+#[must_use]
+pub fn compose(settings: StackSettings, handler: Arc<dyn Service>) -> Arc<dyn Service> {
+    layers(settings)
+        .into_iter()
+        .rev()
+        .fold(handler, |inner, layer| layer.wrap(inner))
+}
+
+/// The engine's view of a stack: a verdict becomes an [`Outcome`].
+pub struct StackDispatch {
+    service: Arc<dyn Service>,
+}
+
+impl StackDispatch {
+    /// The dispatch of `handler` wrapped in the layers of `settings.mode`.
+    #[must_use]
+    pub fn new(settings: StackSettings, handler: Arc<dyn Service>) -> Self {
+        Self::from_service(compose(settings, handler))
+    }
+
+    /// The dispatch of a stack composed elsewhere (tests of one concern, custom stacks). The
+    /// stack must answer every failure but cancellation itself, as the failure policy does.
+    #[must_use]
+    pub fn from_service(service: Arc<dyn Service>) -> Self {
+        Self { service }
+    }
+}
+
+#[async_trait]
+impl Dispatch for StackDispatch {
+    async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome {
+        self.dispatch_admitted(event, cancel, PermitSlot::default())
+            .await
+    }
+
+    async fn dispatch_admitted(
+        &self,
+        event: Event,
+        cancel: CancellationToken,
+        permit: PermitSlot,
+    ) -> Outcome {
+        let task = Task {
+            event: Arc::new(event),
+            cancel,
+            deadline: None,
+            attempt: 1,
+            permit,
+        };
+        let key = task.event.key().clone();
+        let offset = task.event.offset();
+        match self.service.call(&task).await {
+            Ok(_) => Outcome::Completed,
+            Err(failure) if failure.is_cancelled() => Outcome::Abandoned,
+            Err(failure) => {
+                // The failure policy answers every other failure; reaching here is a bug, and
+                // stalling the partition on it would be worse than committing.
+                error!(%key, ?offset, %failure, "failure escaped the failure policy: committed");
+                Outcome::Completed
+            }
+        }
+    }
+}
+
+/// Scripted services and events for the layers' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use parking_lot::Mutex;
+    use prosody_api::{ExciseMessage, Headers, Key, Message, Offset, Partition, Timestamp, Topic};
+    use serde_json::Value;
+    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::consumer::PermitSlot;
+    use crate::event::{Event, RejectedRecord};
+    use crate::middleware::{Failure, FailureKind, Service, Task, Verdict};
+
+    #[derive(Clone, Copy)]
+    enum Script {
+        Succeed,
+        FailFirst(u32, FailureKind),
+        Hang,
+        UntilCancelled(FailureKind),
+    }
+
+    /// A bottom service that records its calls and answers by script.
+    pub(crate) struct Calls {
+        script: Script,
+        attempts: Mutex<Vec<u32>>,
+        cancelled_seen: AtomicUsize,
+        count: watch::Sender<usize>,
+    }
+
+    impl Calls {
+        fn with(script: Script) -> Arc<Self> {
+            Arc::new(Self {
+                script,
+                attempts: Mutex::new(Vec::new()),
+                cancelled_seen: AtomicUsize::new(0),
+                count: watch::channel(0).0,
+            })
+        }
+
+        pub(crate) fn succeeding() -> Arc<Self> {
+            Self::with(Script::Succeed)
+        }
+
+        pub(crate) fn failing(kind: FailureKind) -> Arc<Self> {
+            Self::with(Script::FailFirst(u32::MAX, kind))
+        }
+
+        pub(crate) fn failing_first(times: u32, kind: FailureKind) -> Arc<Self> {
+            Self::with(Script::FailFirst(times, kind))
+        }
+
+        /// Never answers, ignoring cancellation.
+        pub(crate) fn hanging() -> Arc<Self> {
+            Self::with(Script::Hang)
+        }
+
+        /// Waits for cancellation, then fails with `kind`.
+        pub(crate) fn until_cancelled(kind: FailureKind) -> Arc<Self> {
+            Self::with(Script::UntilCancelled(kind))
+        }
+
+        pub(crate) fn count(&self) -> usize {
+            *self.count.borrow()
+        }
+
+        pub(crate) fn attempts(&self) -> Vec<u32> {
+            self.attempts.lock().clone()
+        }
+
+        pub(crate) fn cancelled_seen(&self) -> usize {
+            self.cancelled_seen.load(Ordering::SeqCst)
+        }
+
+        pub(crate) async fn wait_for(&self, calls: usize) {
+            let mut count = self.count.subscribe();
+            let _ = count.wait_for(|count| *count >= calls).await;
+        }
+    }
+
+    #[async_trait]
+    impl Service for Calls {
+        async fn call(&self, task: &Task) -> Verdict {
+            let call = {
+                let mut attempts = self.attempts.lock();
+                attempts.push(task.attempt);
+                u32::try_from(attempts.len()).unwrap_or(u32::MAX)
+            };
+            self.count.send_modify(|count| *count += 1);
+            match self.script {
+                Script::FailFirst(times, kind) if call <= times => Err(Failure::new(
+                    kind,
+                    format!("scripted failure {call}"),
+                    task.attempt,
+                )),
+                Script::Succeed | Script::FailFirst(..) => Ok(Value::Null),
+                Script::Hang => std::future::pending().await,
+                Script::UntilCancelled(kind) => {
+                    task.cancelled().await;
+                    self.cancelled_seen.fetch_add(1, Ordering::SeqCst);
+                    Err(Failure::new(kind, "cancelled", task.attempt))
+                }
+            }
+        }
+    }
+
+    pub(crate) fn message_with(key: &str, payload: Value, headers: Headers) -> Event {
+        Event::Message(Message {
+            topic: Topic::from("t"),
+            partition: Partition(0),
+            offset: Offset(7),
+            timestamp: Timestamp::from_millis(0),
+            key: Key::from(key),
+            payload,
+            headers,
+        })
+    }
+
+    pub(crate) fn message(key: &str, payload: Value) -> Event {
+        message_with(key, payload, Headers::new())
+    }
+
+    pub(crate) fn excise(key: &str) -> Event {
+        Event::Excise(ExciseMessage {
+            topic: Topic::from("t"),
+            partition: Partition(0),
+            offset: Offset(8),
+            timestamp: Timestamp::from_millis(0),
+            key: Key::from(key),
+            headers: Headers::new(),
+        })
+    }
+
+    pub(crate) fn rejected(key: &str) -> Event {
+        Event::Rejected(Box::new(RejectedRecord {
+            topic: Topic::from("t"),
+            partition: Partition(0),
+            offset: Offset(9),
+            key: Key::from(key),
+            raw_key: Some(key.as_bytes().to_vec()),
+            raw_value: Some(b"{not json".to_vec()),
+            headers: Headers::new(),
+            reason: "the value is not JSON".to_owned(),
+        }))
+    }
+
+    pub(crate) fn task(event: Event) -> Task {
+        Task {
+            event: Arc::new(event),
+            cancel: CancellationToken::new(),
+            deadline: None,
+            attempt: 1,
+            permit: PermitSlot::default(),
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Observes each handler attempt: a `prosody.handle` span related to the producer's trace
+//! context (child or follows-from, per the configuration), and lifecycle events (dispatched,
+//! then succeeded or failed with the run time) for the telemetry topic when it is enabled.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use tracing::Instrument;
+
+use super::{Layer, Service, Task, Verdict};
+use crate::event::Event;
+use crate::telemetry::propagation::relate;
+use crate::telemetry::{LifecycleEvent, SpanRelation, Stage, TelemetrySink, handler_spans_wanted};
+
+/// Spans and lifecycle events around the handler.
+pub struct Telemetry {
+    settings: TelemetryLayer,
+    inner: Arc<dyn Service>,
+}
+
+/// Builds a [`Telemetry`].
+#[derive(Clone)]
+pub struct TelemetryLayer {
+    /// Where lifecycle events go; `None` when disabled (mock mode, `telemetryEnabled: false`).
+    pub sink: Option<TelemetrySink>,
+    /// The consumer group, stamped on events.
+    pub group_id: Arc<str>,
+    /// Relation of message (and excise) spans to the producer's span.
+    pub message_spans: SpanRelation,
+    /// Relation of timer spans to the span that scheduled the timer. Stored timers carry no
+    /// trace context yet, so timer spans start their own trace for now.
+    pub timer_spans: SpanRelation,
+}
+
+impl Layer for TelemetryLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        // Nothing would observe the attempt: no layer at all, so no clock reads on the hot path.
+        if self.sink.is_none() && !handler_spans_wanted() {
+            return inner;
+        }
+        Arc::new(Telemetry {
+            settings: *self,
+            inner,
+        })
+    }
+}
+
+/// What the span and the events call an event, and the headers that may carry its trace
+/// context (timers have none).
+fn describe(event: &Event) -> (&'static str, Option<&prosody_api::Headers>) {
+    match event {
+        Event::Message(message) => ("message", Some(&message.headers)),
+        Event::Excise(excise) => ("excise", Some(&excise.headers)),
+        Event::Timer(_) => ("timer", None),
+        Event::Rejected(rejected) => ("rejected", Some(&rejected.headers)),
+    }
+}
+
+impl Telemetry {
+    /// The handler span of `task`, related to the trace context in its record's headers.
+    fn span(&self, task: &Task) -> tracing::Span {
+        let (kind, headers) = describe(&task.event);
+        let (topic, partition) = task.event.source();
+        let span = tracing::info_span!(
+            "prosody.handle",
+            event = kind,
+            key = %task.event.key(),
+            topic = topic.as_str(),
+            partition = partition.0,
+            offset = task.event.offset().map(|offset| offset.0),
+            attempt = task.attempt,
+        );
+        let relation = if matches!(*task.event, Event::Timer(_)) {
+            self.settings.timer_spans
+        } else {
+            self.settings.message_spans
+        };
+        if let Some(headers) = headers
+            && !span.is_disabled()
+        {
+            relate(&span, headers, relation);
+        }
+        span
+    }
+
+    fn emit(&self, task: &Task, stage: Stage, duration: Option<f64>, error: Option<String>) {
+        let Some(sink) = &self.settings.sink else {
+            return;
+        };
+        let (kind, _) = describe(&task.event);
+        let (topic, partition) = task.event.source();
+        sink.emit(LifecycleEvent {
+            event: kind,
+            stage,
+            group_id: self.settings.group_id.clone(),
+            key: task.event.key().to_string(),
+            topic: topic.to_string(),
+            partition: partition.0,
+            offset: task.event.offset().map(|offset| offset.0),
+            attempt: task.attempt,
+            duration_ms: duration,
+            error,
+            timestamp_ms: LifecycleEvent::now_ms(),
+        });
+    }
+}
+
+#[async_trait]
+impl Service for Telemetry {
+    async fn call(&self, task: &Task) -> Verdict {
+        self.emit(task, Stage::Dispatched, None, None);
+        let started = Instant::now();
+        let verdict = if handler_spans_wanted() {
+            self.inner.call(task).instrument(self.span(task)).await
+        } else {
+            self.inner.call(task).await
+        };
+        let duration = Some(started.elapsed().as_secs_f64() * 1_000.0);
+        match &verdict {
+            Ok(_) => self.emit(task, Stage::Succeeded, duration, None),
+            Err(failure) => self.emit(task, Stage::Failed, duration, Some(failure.reason.clone())),
+        }
+        verdict
+    }
+}

@@ -1,0 +1,115 @@
+//! Handler timeout: an attempt gets a deadline `timeoutMs` away, from which its context
+//! reports `should_cancel` and its `cancelled()` resolves. The handler decides how to stop;
+//! what it returns is the attempt's verdict (an error after a timeout is a transient failure
+//! like any other, so the mode's retry policy applies).
+//!
+//! The deadline belongs to the attempt: revocation and shutdown still reach the handler, and
+//! a later attempt gets a fresh deadline. A deadline costs nothing on the hot path (no timer,
+//! no child token); only a handler that waits for cancellation arms a timer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::{Layer, Service, Task, Verdict};
+
+/// Gives each attempt its deadline.
+pub struct Timeout {
+    timeout: Duration,
+    inner: Arc<dyn Service>,
+}
+
+/// Builds a [`Timeout`].
+pub struct TimeoutLayer {
+    /// How long an attempt runs before its context reports cancellation.
+    pub timeout: Duration,
+}
+
+impl Layer for TimeoutLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        Arc::new(Timeout {
+            timeout: self.timeout,
+            inner,
+        })
+    }
+}
+
+#[async_trait]
+impl Service for Timeout {
+    async fn call(&self, task: &Task) -> Verdict {
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let mut attempt = task.clone();
+        attempt.deadline = Some(
+            task.deadline
+                .map_or(deadline, |earlier| earlier.min(deadline)),
+        );
+        let verdict = self.inner.call(&attempt).await;
+        let ran = started.elapsed();
+        if ran > self.timeout {
+            warn!(key = %task.event.key(), attempt = task.attempt, timeout = ?self.timeout, ?ran,
+                "handler ran past its timeout; its context reported cancellation at the deadline");
+        }
+        verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::middleware::FailureKind;
+    use crate::middleware::stack::testing::{Calls, message, task};
+    use serde_json::json;
+
+    #[tokio::test(start_paused = true)]
+    async fn cancellation_fires_at_the_deadline_and_not_for_the_parent() {
+        let calls = Calls::until_cancelled(FailureKind::Transient);
+        let layer = Box::new(TimeoutLayer {
+            timeout: Duration::from_millis(250),
+        })
+        .wrap(calls.clone());
+        let task = task(message("k", json!({})));
+        let parent = task.cancel.clone();
+        let started = Instant::now();
+        let verdict = layer.call(&task).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(250));
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
+        assert_eq!(calls.cancelled_seen(), 1);
+        assert!(!parent.is_cancelled(), "later attempts are not cancelled");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_dispatch_cancellation_still_reaches_the_attempt() {
+        let calls = Calls::until_cancelled(FailureKind::Cancelled);
+        let layer = Box::new(TimeoutLayer {
+            timeout: Duration::from_secs(60),
+        })
+        .wrap(calls.clone());
+        let task = task(message("k", json!({})));
+        let cancel = task.cancel.clone();
+        let running = tokio::spawn(async move { layer.call(&task).await });
+        calls.wait_for(1).await;
+        let started = Instant::now();
+        cancel.cancel();
+        let verdict = running.await.expect("joined");
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Cancelled));
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quick_attempt_is_not_cancelled() {
+        let calls = Calls::succeeding();
+        let layer = Box::new(TimeoutLayer {
+            timeout: Duration::from_millis(250),
+        })
+        .wrap(calls.clone());
+        layer
+            .call(&task(message("k", json!({}))))
+            .await
+            .expect("ok");
+        assert_eq!(calls.cancelled_seen(), 0);
+    }
+}

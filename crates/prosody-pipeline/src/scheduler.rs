@@ -1,0 +1,577 @@
+//! The fair scheduler: which waiting key runs next when a handler slot frees up.
+//!
+//! It enforces `maxConcurrency` like a semaphore, but instead of first come, first served:
+//!
+//! - Each key accrues *virtual time* equal to the run time of its attempts; among waiting keys
+//!   the one with the least runs first, so a slow key cannot crowd out many fast ones.
+//! - Normal work and retries are two classes with separate virtual-time pools. When both have
+//!   waiters, the class whose run time divided by its weight is smaller goes first, which
+//!   holds retries to `failure_weight` of the run time while normal work waits (and lets them
+//!   use all of it when nothing else waits).
+//! - A waiting task gets a priority boost growing with the square of its wait, reaching
+//!   `wait_weight` seconds of virtual time at `max_wait`; a task that has waited `max_wait`
+//!   runs before any task that has not. The boost alone cannot bound the wait when virtual
+//!   times differ by more than `wait_weight`; the rule can, as long as slots free up at all.
+//! - At most `cache_size` keys' virtual times are remembered; a forgotten or new key starts at
+//!   its class's current virtual time (the latest granted), so it neither jumps the queue with
+//!   a zero nor pays for work it did long ago.
+//!
+//! Choosing among waiters considers two candidates per class, the least virtual time and the
+//! longest wait: the boost only grows with the wait, so the longest waiter is the one it can
+//! lift furthest, and keeping both orders in trees makes each grant O(log n).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use prosody_api::Key;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::consumer::{Admission, Permit, TaskClass};
+
+/// The scheduler's settings (FEATURES.md section 2).
+#[derive(Clone, Debug)]
+pub struct SchedulerSettings {
+    /// Handlers running at once (at least 1).
+    pub max_concurrency: usize,
+    /// Share of run time for retries while normal work waits, in (0, 1).
+    pub failure_weight: f64,
+    /// Wait at which the boost peaks and a task goes first.
+    pub max_wait: Duration,
+    /// The peak boost, in seconds of virtual time.
+    pub wait_weight: f64,
+    /// Keys whose virtual time is remembered.
+    pub cache_size: u64,
+}
+
+/// Virtual time in nanoseconds of run time.
+type Vt = u64;
+
+struct Waiter {
+    key: Key,
+    vt: Vt,
+    since: Instant,
+    grant: oneshot::Sender<Permit>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Waiters by arrival: the first is the longest waiting.
+    by_arrival: BTreeMap<u64, Waiter>,
+    /// (virtual time, arrival) of every waiter: the first has the least virtual time.
+    by_vt: BTreeSet<(Vt, u64)>,
+}
+
+impl Queue {
+    fn is_empty(&self) -> bool {
+        self.by_arrival.is_empty()
+    }
+
+    fn remove(&mut self, arrival: u64) -> Option<Waiter> {
+        let waiter = self.by_arrival.remove(&arrival)?;
+        self.by_vt.remove(&(waiter.vt, arrival));
+        Some(waiter)
+    }
+}
+
+struct State {
+    free: usize,
+    arrivals: u64,
+    queues: [Queue; 2],
+    /// Per class: run time divided by the class weight, in nanoseconds.
+    class_time: [f64; 2],
+    /// Per class: the virtual time of the key granted last, where newcomers start.
+    floor: [Vt; 2],
+    /// Per class: the virtual time of each remembered key. Kept under the same lock as the
+    /// queues (a concurrent cache would add its own synchronisation to every grant).
+    keys: [HashMap<Key, Vt>; 2],
+}
+
+impl State {
+    /// The virtual time `key` waits with in `class`: its own, or the floor if that is higher
+    /// (a key that ran little long ago must not jump ahead of keys that kept running).
+    fn vt(&self, class: usize, key: &Key) -> Vt {
+        let floor = self.floor[class];
+        self.keys[class]
+            .get(key)
+            .map_or(floor, |vt| (*vt).max(floor))
+    }
+
+    /// Adds `ran` to `key`'s virtual time, forgetting keys beyond `capacity`.
+    fn charge(&mut self, class: usize, key: Key, ran: Vt, capacity: usize) {
+        let floor = self.floor[class];
+        let keys = &mut self.keys[class];
+        if let Some(vt) = keys.get_mut(&key) {
+            *vt = (*vt).max(floor).saturating_add(ran);
+            return;
+        }
+        keys.insert(key, floor.saturating_add(ran));
+        if keys.len() > capacity {
+            // Keys at or below the floor lose nothing by being forgotten (they would start at
+            // the floor anyway); beyond that, arbitrary ones go. Evicting a quarter at a time
+            // keeps the cost per charge constant.
+            keys.retain(|_, vt| *vt > floor);
+            let excess = keys.len().saturating_sub(capacity - capacity / 4);
+            if keys.len() > capacity {
+                let evicted: Vec<Key> = keys.keys().take(excess).cloned().collect();
+                for key in evicted {
+                    keys.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+struct Shared {
+    settings: SchedulerSettings,
+    weights: [f64; 2],
+    state: Mutex<State>,
+}
+
+/// The fair scheduler. Cheap to clone; clones share one pool of slots.
+#[derive(Clone)]
+pub struct FairScheduler {
+    shared: Arc<Shared>,
+}
+
+fn index(class: TaskClass) -> usize {
+    match class {
+        TaskClass::Normal => 0,
+        TaskClass::Retry => 1,
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl FairScheduler {
+    /// A scheduler with `settings`.
+    #[must_use]
+    pub fn new(settings: SchedulerSettings) -> Self {
+        let failure_weight = settings.failure_weight.clamp(0.01, 0.99);
+        Self {
+            shared: Arc::new(Shared {
+                weights: [1.0 - failure_weight, failure_weight],
+                state: Mutex::new(State {
+                    free: settings.max_concurrency.max(1),
+                    arrivals: 0,
+                    queues: [Queue::default(), Queue::default()],
+                    class_time: [0.0; 2],
+                    floor: [0; 2],
+                    keys: [HashMap::new(), HashMap::new()],
+                }),
+                settings,
+            }),
+        }
+    }
+
+    /// Slots free right now (for tests and metrics).
+    #[must_use]
+    pub fn free(&self) -> usize {
+        self.shared.state.lock().free
+    }
+
+    /// Tasks waiting right now.
+    #[must_use]
+    pub fn waiting(&self) -> usize {
+        let state = self.shared.state.lock();
+        state
+            .queues
+            .iter()
+            .map(|queue| queue.by_arrival.len())
+            .sum()
+    }
+}
+
+/// Returns the slot and charges the run time when dropped.
+struct Running {
+    shared: Arc<Shared>,
+    key: Key,
+    class: usize,
+    since: Instant,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let ran = self.since.elapsed();
+        let key = std::mem::replace(&mut self.key, Key::from(""));
+        let capacity = usize::try_from(self.shared.settings.cache_size)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let unwanted = {
+            let mut state = self.shared.state.lock();
+            state.charge(self.class, key, nanos(ran), capacity);
+            #[allow(
+                clippy::cast_precision_loss,
+                reason = "run times are far below 2^52 ns"
+            )]
+            let weighted = nanos(ran) as f64 / self.shared.weights[self.class];
+            state.class_time[self.class] += weighted;
+            state.free += 1;
+            self.shared.grant(&mut state)
+        };
+        // Dropped unlocked: each returns its slot through this same code.
+        drop(unwanted);
+    }
+}
+
+impl Shared {
+    fn permit(self: &Arc<Self>, key: Key, class: usize) -> Permit {
+        Permit::new(Running {
+            shared: self.clone(),
+            key,
+            class,
+            since: Instant::now(),
+        })
+    }
+
+    /// The priority of a waiter: lower runs first.
+    fn score(&self, waiter: &Waiter, now: Instant) -> f64 {
+        let max_wait = self.settings.max_wait.as_secs_f64().max(f64::EPSILON);
+        let ratio = (now.duration_since(waiter.since).as_secs_f64() / max_wait).min(1.0);
+        #[allow(
+            clippy::cast_precision_loss,
+            reason = "virtual times are far below 2^52 ns"
+        )]
+        let vt = waiter.vt as f64 / 1e9;
+        vt - self.settings.wait_weight * ratio * ratio
+    }
+
+    /// The arrival of the waiter of `queue` to run next and whether it is overdue.
+    fn candidate(&self, queue: &Queue, now: Instant) -> Option<(u64, bool)> {
+        let (&oldest, waiter) = queue.by_arrival.first_key_value()?;
+        if now.duration_since(waiter.since) >= self.settings.max_wait {
+            return Some((oldest, true));
+        }
+        let &(_, least) = queue.by_vt.first()?;
+        let pick = match queue.by_arrival.get(&least) {
+            Some(lightest) if self.score(lightest, now) <= self.score(waiter, now) => least,
+            _ => oldest,
+        };
+        Some((pick, false))
+    }
+
+    /// Hands free slots to waiters. Returns the permits of waiters that gave up meanwhile,
+    /// for the caller to drop once it released the lock.
+    #[must_use]
+    fn grant(self: &Arc<Self>, state: &mut State) -> Vec<Permit> {
+        let mut unwanted = Vec::new();
+        while state.free > 0 {
+            let now = Instant::now();
+            let normal = self.candidate(&state.queues[0], now);
+            let retry = self.candidate(&state.queues[1], now);
+            let class = match (normal, retry) {
+                (None, None) => break,
+                (Some(_), None) => 0,
+                (None, Some(_)) => 1,
+                (Some((normal, normal_due)), Some((retry, retry_due))) => {
+                    if normal_due || retry_due {
+                        // Overdue goes first; between two overdue ones, the earlier arrival.
+                        usize::from(!normal_due || (retry_due && retry < normal))
+                    } else {
+                        usize::from(state.class_time[1] < state.class_time[0])
+                    }
+                }
+            };
+            let Some((arrival, _)) = (if class == 0 { normal } else { retry }) else {
+                break;
+            };
+            let Some(waiter) = state.queues[class].remove(arrival) else {
+                break;
+            };
+            state.free -= 1;
+            state.floor[class] = state.floor[class].max(waiter.vt);
+            if let Err(permit) = waiter.grant.send(self.permit(waiter.key, class)) {
+                // The waiter gave up (its future was dropped). Its permit's drop returns the
+                // slot, but it locks the state, so it must wait until the caller unlocked.
+                unwanted.push(permit);
+                continue;
+            }
+            if state.queues[class].is_empty() && !state.queues[1 - class].is_empty() {
+                // No banking of idle time: a class that stops waiting cannot later claim the
+                // share it did not use.
+                state.class_time[class] = state.class_time[class].max(state.class_time[1 - class]);
+            }
+        }
+        unwanted
+    }
+}
+
+#[async_trait]
+impl Admission for FairScheduler {
+    async fn acquire(&self, key: &Key, class: TaskClass) -> Permit {
+        let class = index(class);
+        let shared = &self.shared;
+        let (receiver, unwanted) = {
+            let mut state = shared.state.lock();
+            if state.free > 0 && state.queues.iter().all(Queue::is_empty) {
+                state.free -= 1;
+                return shared.permit(key.clone(), class);
+            }
+            let vt = state.vt(class, key);
+            let (grant, receiver) = oneshot::channel();
+            state.arrivals += 1;
+            let arrival = state.arrivals;
+            if state.queues[class].is_empty() && !state.queues[1 - class].is_empty() {
+                // See `grant`: a class that starts waiting again starts level with the other.
+                state.class_time[class] = state.class_time[class].max(state.class_time[1 - class]);
+            }
+            let queue = &mut state.queues[class];
+            queue.by_vt.insert((vt, arrival));
+            queue.by_arrival.insert(
+                arrival,
+                Waiter {
+                    key: key.clone(),
+                    vt,
+                    since: Instant::now(),
+                    grant,
+                },
+            );
+            let unwanted = shared.grant(&mut state);
+            (receiver, unwanted)
+        };
+        drop(unwanted);
+        match receiver.await {
+            Ok(permit) => permit,
+            // The sender lives in the queue until it is used, and the queue lives as long as
+            // this scheduler, which `self` keeps alive.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduler(max_concurrency: usize) -> FairScheduler {
+        FairScheduler::new(SchedulerSettings {
+            max_concurrency,
+            failure_weight: 0.3,
+            max_wait: Duration::from_secs(120),
+            wait_weight: 200.0,
+            cache_size: 1_000,
+        })
+    }
+
+    async fn hold(permit: Permit, run: Duration) {
+        tokio::time::sleep(run).await;
+        drop(permit);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounds_concurrency_and_hands_slots_back() {
+        let scheduler = scheduler(2);
+        let a = scheduler.acquire(&Key::from("a"), TaskClass::Normal).await;
+        let _b = scheduler.acquire(&Key::from("b"), TaskClass::Normal).await;
+        assert_eq!(scheduler.free(), 0);
+        let waiting = tokio::spawn({
+            let scheduler = scheduler.clone();
+            async move { scheduler.acquire(&Key::from("c"), TaskClass::Normal).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(scheduler.waiting(), 1);
+        drop(a);
+        let _c = waiting.await.expect("granted");
+        assert_eq!((scheduler.free(), scheduler.waiting()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_request_does_not_leak_its_slot() {
+        let scheduler = scheduler(1);
+        let held = scheduler.acquire(&Key::from("a"), TaskClass::Normal).await;
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(10),
+            scheduler.acquire(&Key::from("b"), TaskClass::Normal),
+        )
+        .await;
+        assert!(gave_up.is_err());
+        drop(held);
+        assert_eq!(
+            scheduler.free(),
+            1,
+            "the abandoned waiter did not keep the slot"
+        );
+        let _again = scheduler.acquire(&Key::from("c"), TaskClass::Normal).await;
+    }
+
+    /// Runs `key` once for `run`, then queues it and a key that never ran, and returns which
+    /// runs first.
+    #[tokio::test(start_paused = true)]
+    async fn the_key_with_less_run_time_goes_first() {
+        let scheduler = scheduler(1);
+        let heavy = Key::from("heavy");
+        hold(
+            scheduler.acquire(&heavy, TaskClass::Normal).await,
+            Duration::from_secs(5),
+        )
+        .await;
+        let light = Key::from("light");
+        hold(
+            scheduler.acquire(&light, TaskClass::Normal).await,
+            Duration::from_millis(10),
+        )
+        .await;
+        let gate = scheduler
+            .acquire(&Key::from("gate"), TaskClass::Normal)
+            .await;
+        let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+        for key in [heavy.clone(), light.clone()] {
+            let scheduler = scheduler.clone();
+            let order_tx = order_tx.clone();
+            tokio::spawn(async move {
+                let permit = scheduler.acquire(&key, TaskClass::Normal).await;
+                order_tx.send(key).expect("open");
+                drop(permit);
+            });
+            tokio::task::yield_now().await;
+        }
+        drop(gate);
+        assert_eq!(order.recv().await, Some(light), "arrived second, ran less");
+        assert_eq!(order.recv().await, Some(heavy));
+    }
+
+    /// Saturates the scheduler with both classes and counts run time per class.
+    #[tokio::test(start_paused = true)]
+    async fn retries_get_their_weight_of_run_time_under_contention() {
+        let scheduler = scheduler(2);
+        let run = Duration::from_millis(10);
+        let mut workers = Vec::new();
+        let ran = Arc::new(Mutex::new([Duration::ZERO; 2]));
+        for worker in 0..8 {
+            let class = if worker % 2 == 0 {
+                TaskClass::Normal
+            } else {
+                TaskClass::Retry
+            };
+            let scheduler = scheduler.clone();
+            let ran = ran.clone();
+            workers.push(tokio::spawn(async move {
+                let key = Key::from(format!("k{worker}"));
+                loop {
+                    let permit = scheduler.acquire(&key, class).await;
+                    tokio::time::sleep(run).await;
+                    drop(permit);
+                    ran.lock()[index(class)] += run;
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        for worker in workers {
+            worker.abort();
+        }
+        let [normal, retry] = *ran.lock();
+        let share = retry.as_secs_f64() / (normal + retry).as_secs_f64();
+        assert!((0.27..=0.33).contains(&share), "retry share {share}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn remembers_at_most_cache_size_keys() {
+        let scheduler = FairScheduler::new(SchedulerSettings {
+            max_concurrency: 1,
+            failure_weight: 0.3,
+            max_wait: Duration::from_secs(1),
+            wait_weight: 1.0,
+            cache_size: 10,
+        });
+        for index in 0..100 {
+            let key = Key::from(format!("k{index}"));
+            hold(
+                scheduler.acquire(&key, TaskClass::Normal).await,
+                Duration::from_millis(1),
+            )
+            .await;
+            assert!(scheduler.shared.state.lock().keys[0].len() <= 10);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_use_every_slot_when_nothing_else_waits() {
+        let scheduler = scheduler(2);
+        let _a = scheduler.acquire(&Key::from("a"), TaskClass::Retry).await;
+        let _b = scheduler.acquire(&Key::from("b"), TaskClass::Retry).await;
+        assert_eq!(scheduler.free(), 0);
+    }
+
+    /// A key with a huge virtual time competes with a stream of fresh keys; it still runs
+    /// within `max_wait` (plus the run in progress when the wait expired).
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_task_is_not_starved_beyond_max_wait() {
+        let max_wait = Duration::from_secs(2);
+        let scheduler = FairScheduler::new(SchedulerSettings {
+            max_concurrency: 1,
+            failure_weight: 0.3,
+            max_wait,
+            wait_weight: 0.001,
+            cache_size: 10_000,
+        });
+        let heavy = Key::from("heavy");
+        hold(
+            scheduler.acquire(&heavy, TaskClass::Normal).await,
+            Duration::from_secs(600),
+        )
+        .await;
+        let run = Duration::from_millis(50);
+        // Fresh keys keep arriving, always with less virtual time than `heavy`.
+        let competitors = tokio::spawn({
+            let scheduler = scheduler.clone();
+            async move {
+                let mut fresh = 0_u64;
+                loop {
+                    for _ in 0..4 {
+                        fresh += 1;
+                        let scheduler = scheduler.clone();
+                        let key = Key::from(format!("fresh{fresh}"));
+                        tokio::spawn(async move {
+                            hold(scheduler.acquire(&key, TaskClass::Normal).await, run).await;
+                        });
+                    }
+                    tokio::time::sleep(run).await;
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        let _permit = scheduler.acquire(&heavy, TaskClass::Normal).await;
+        let waited = started.elapsed();
+        competitors.abort();
+        assert!(
+            waited >= Duration::from_millis(500) && waited <= max_wait + run,
+            "waited {waited:?}: behind fresh keys, but not past max_wait"
+        );
+    }
+
+    /// Measurement, not a check: the cost of a grant under contention against a plain
+    /// semaphore. `cargo test --release -p prosody-pipeline --lib scheduler -- --ignored
+    /// --nocapture`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "measurement"]
+    async fn grant_cost_under_contention() {
+        async fn churn(admission: Arc<dyn Admission>) -> Duration {
+            let started = std::time::Instant::now();
+            let workers: Vec<_> = (0..128)
+                .map(|worker| {
+                    let admission = admission.clone();
+                    tokio::spawn(async move {
+                        for round in 0..2_000 {
+                            let key = Key::from(format!("k{}", (worker * 7 + round) % 10_000));
+                            drop(admission.acquire(&key, TaskClass::Normal).await);
+                            tokio::task::yield_now().await;
+                        }
+                    })
+                })
+                .collect();
+            for worker in workers {
+                worker.await.expect("joined");
+            }
+            started.elapsed() / (128 * 2_000)
+        }
+        let fair = churn(Arc::new(scheduler(32))).await;
+        let fifo = churn(Arc::new(crate::consumer::SemaphoreAdmission::new(32))).await;
+        println!("per grant: fair {fair:?}, semaphore {fifo:?}");
+    }
+}

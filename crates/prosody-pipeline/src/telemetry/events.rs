@@ -1,0 +1,189 @@
+//! Lifecycle events (dispatched, succeeded, failed) produced as JSON to the telemetry topic.
+//!
+//! Handlers must not wait for telemetry: [`TelemetrySink::emit`] puts the event in a bounded
+//! channel and returns; a background task takes events in batches and sends each batch
+//! concurrently (librdkafka batches them again on the wire). When the channel is full the
+//! event is dropped and counted rather than slowing the handler down.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::kafka::producer::Producer;
+
+/// Events taken from the channel per batch.
+const BATCH: usize = 256;
+
+/// Where in its life a handler invocation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// The handler was called.
+    Dispatched,
+    /// It returned successfully.
+    Succeeded,
+    /// It returned an error (or panicked).
+    Failed,
+}
+
+/// One lifecycle event, as it is written to the telemetry topic.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleEvent {
+    /// What was handled: `message`, `excise` or `timer`.
+    pub event: &'static str,
+    /// The stage.
+    pub stage: Stage,
+    /// The consumer group handling it.
+    pub group_id: Arc<str>,
+    /// Record key.
+    pub key: String,
+    /// Record topic.
+    pub topic: String,
+    /// Record partition.
+    pub partition: i32,
+    /// Record offset.
+    pub offset: Option<i64>,
+    /// Attempt number, from 1.
+    pub attempt: u32,
+    /// Handler run time in milliseconds (succeeded and failed only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+    /// The failure text (failed only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When the stage was reached, in milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+}
+
+impl LifecycleEvent {
+    /// Milliseconds since the Unix epoch, now.
+    #[must_use]
+    pub fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+            })
+    }
+}
+
+enum Command {
+    Event(Box<LifecycleEvent>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// The sending end of the telemetry topic. Cheap to clone; the background task stops when
+/// every clone is dropped, after sending what was queued.
+#[derive(Clone)]
+pub struct TelemetrySink {
+    commands: mpsc::Sender<Command>,
+    dropped: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    task: Arc<parking_lot::Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl TelemetrySink {
+    /// Starts the background task on `runtime`, sending to `topic` with `producer` and
+    /// queueing at most `capacity` events.
+    #[must_use]
+    pub fn start(producer: Producer, topic: String, capacity: usize, runtime: &Handle) -> Self {
+        let (commands, receiver) = mpsc::channel(capacity.max(1));
+        let failed = Arc::new(AtomicU64::new(0));
+        let task = runtime.spawn(send_batches(producer, topic, receiver, failed.clone()));
+        Self {
+            commands,
+            dropped: Arc::new(AtomicU64::new(0)),
+            failed,
+            task: Arc::new(parking_lot::Mutex::new(Some(task))),
+        }
+    }
+
+    /// Queues `event` without waiting; drops it (and counts it) when the queue is full.
+    pub fn emit(&self, event: LifecycleEvent) {
+        if self
+            .commands
+            .try_send(Command::Event(Box::new(event)))
+            .is_err()
+        {
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            // Logged at powers of two so a sustained overflow does not flood the log.
+            if dropped.is_power_of_two() {
+                warn!(dropped, "telemetry queue full: lifecycle events dropped");
+            }
+        }
+    }
+
+    /// Events dropped because the queue was full.
+    #[must_use]
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Events the telemetry topic did not accept.
+    #[must_use]
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Waits until every event queued before the call has been sent (or failed).
+    pub async fn flush(&self) {
+        let (done, sent) = oneshot::channel();
+        if self.commands.send(Command::Flush(done)).await.is_ok() {
+            let _ = sent.await;
+        }
+    }
+
+    /// Flushes and stops the background task, waiting at most `within`.
+    pub async fn close(&self, within: Duration) {
+        let flushed = tokio::time::timeout(within, self.flush()).await;
+        if flushed.is_err() {
+            warn!("telemetry events not flushed in time: remaining ones dropped");
+        }
+        if let Some(task) = self.task.lock().take() {
+            task.abort();
+        }
+    }
+}
+
+async fn send_batches(
+    producer: Producer,
+    topic: String,
+    mut commands: mpsc::Receiver<Command>,
+    failed: Arc<AtomicU64>,
+) {
+    let mut batch = Vec::with_capacity(BATCH);
+    while commands.recv_many(&mut batch, BATCH).await > 0 {
+        let mut flushes = Vec::new();
+        let mut sends = Vec::with_capacity(batch.len());
+        for command in batch.drain(..) {
+            match command {
+                Command::Event(event) => {
+                    let producer = &producer;
+                    let topic = topic.as_str();
+                    sends.push(async move {
+                        let payload = serde_json::to_value(&*event).unwrap_or_default();
+                        producer.send(topic, &event.key, &payload).await
+                    });
+                }
+                Command::Flush(done) => flushes.push(done),
+            }
+        }
+        let results = futures::future::join_all(sends).await;
+        let errors: Vec<_> = results.into_iter().filter_map(Result::err).collect();
+        if let Some(first) = errors.first() {
+            failed.fetch_add(errors.len() as u64, Ordering::Relaxed);
+            warn!(count = errors.len(), error = %first, %topic, "lifecycle events not sent");
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+    }
+    debug!("telemetry sink stopped");
+}

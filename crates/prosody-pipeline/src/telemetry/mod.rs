@@ -1,0 +1,14 @@
+//! Observability: logging and OpenTelemetry tracing setup, W3C trace-context propagation
+//! through Kafka headers, and lifecycle events produced to the telemetry topic.
+//!
+//! The handler span and the lifecycle events are emitted by the
+//! [`telemetry` layer](crate::middleware::telemetry); this module holds what that layer and
+//! the producer share.
+
+pub mod events;
+pub mod propagation;
+pub mod setup;
+
+pub use events::{LifecycleEvent, Stage, TelemetrySink};
+pub use propagation::{SpanRelation, TraceInjector, parent_context};
+pub use setup::{flush_tracing, handler_spans_wanted, init_tracing, shutdown_tracing};

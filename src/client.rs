@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use prosody_api::storage::{DedupStore, TimerStore, Ttl};
+use prosody_api::storage::{DedupStore, StateStore, TimerStore, Ttl};
 use prosody_api::{EventHandler, SlabSize, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
@@ -18,6 +18,9 @@ use prosody_pipeline::middleware::telemetry::TelemetryLayer;
 use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
 use prosody_pipeline::probes::{HealthRegistry, ProbeConfig, ProbeServer};
 use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
+use prosody_pipeline::state::{
+    Collection, CollectionDefinition, KafkaMessageLoader, StateRuntime, definition,
+};
 use prosody_pipeline::telemetry::{self, TelemetrySink, TraceInjector};
 use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
 use serde_json::Value;
@@ -26,7 +29,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OnceCell};
 use tracing::{info, warn};
 
-use crate::config::{ClientOptions, Config, Mode, SpanRelation, StorageBackend};
+use crate::config::{ClientOptions, Config, ConfigError, Mode, SpanRelation, StorageBackend};
 use crate::error::ClientError;
 
 /// Partitions of each subscribed topic that mock mode creates in its in-process cluster.
@@ -70,6 +73,9 @@ struct Inner {
     probe_address: parking_lot::Mutex<Option<SocketAddr>>,
     shutdown: OnceCell<()>,
     timer_store: Arc<dyn TimerStore>,
+    state_store: Arc<dyn StateStore>,
+    /// Keyed-state collections, validated; registered durably at subscribe.
+    collections: parking_lot::Mutex<Vec<CollectionDefinition>>,
     // Declared last so it is dropped after every client using it.
     _mock: Option<MockKafka>,
 }
@@ -119,6 +125,26 @@ impl ProsodyClient {
         config: Config,
         timer_store: Arc<dyn TimerStore>,
     ) -> Result<Self, ClientError> {
+        let state_store = default_state_store(&config);
+        Self::with_stores(config, timer_store, state_store).await
+    }
+
+    /// Creates a client whose timers and keyed state live in the given stores instead of the
+    /// configured backend's (a test or benchmark choosing its backend, clients sharing a store).
+    ///
+    /// # Errors
+    /// As for [`ProsodyClient::new`]; a [`ClientError::Config`] naming `stateCollections` for an
+    /// invalid collection definition.
+    #[allow(
+        clippy::unused_async,
+        reason = "the public contract is async: storage backends connect here"
+    )]
+    pub async fn with_stores(
+        config: Config,
+        timer_store: Arc<dyn TimerStore>,
+        state_store: Arc<dyn StateStore>,
+    ) -> Result<Self, ClientError> {
+        let collections = configured_collections(&config)?;
         telemetry::init_tracing(&config.telemetry.log_filter);
         let mock = if config.kafka.mock && config.kafka.bootstrap_servers.is_empty() {
             let mock = MockKafka::start(1).map_err(ClientError::kafka)?;
@@ -162,6 +188,8 @@ impl ProsodyClient {
                 probe_address: parking_lot::Mutex::new(None),
                 shutdown: OnceCell::new(),
                 timer_store,
+                state_store,
+                collections: parking_lot::Mutex::new(collections),
                 _mock: mock,
             }),
         })
@@ -236,6 +264,37 @@ impl ProsodyClient {
         Ok(self.inner.producer.excise(topic, key).await?)
     }
 
+    /// Registers keyed-state collections (in addition to `stateCollections`); handlers bind
+    /// them with `context.state(&definition)`. Call it before [`subscribe`](Self::subscribe):
+    /// identities are stored durably when subscribing.
+    ///
+    /// # Errors
+    /// [`ClientError::Config`] naming the collection and field of an invalid definition (a
+    /// duplicate name included), [`ClientError::AlreadySubscribed`] while subscribed.
+    pub async fn define_collections<D: Into<CollectionDefinition>>(
+        &self,
+        definitions: impl IntoIterator<Item = D>,
+    ) -> Result<(), ClientError> {
+        let lifecycle = self.inner.lifecycle.lock().await;
+        match *lifecycle {
+            Lifecycle::ShutDown => return Err(ClientError::ShutDown),
+            Lifecycle::Subscribed(_) => return Err(ClientError::AlreadySubscribed),
+            Lifecycle::Idle => {}
+        }
+        let mut collections = self.inner.collections.lock();
+        let mut all = collections.clone();
+        all.extend(definitions.into_iter().map(Into::into));
+        validate_collections(&all, &self.inner.config)?;
+        *collections = all;
+        Ok(())
+    }
+
+    /// The store that keeps this client's keyed state.
+    #[must_use]
+    pub fn state_store(&self) -> &Arc<dyn StateStore> {
+        &self.inner.state_store
+    }
+
     /// Starts consuming the configured topics with `handler`.
     ///
     /// # Errors
@@ -277,9 +336,13 @@ impl ProsodyClient {
             wait_weight: config.scheduler.wait_weight,
             cache_size: config.scheduler.cache_size.get() as u64,
         }));
+        let mut service = HandlerService::new(Arc::new(handler)).with_timers(timers.clone());
+        if let Some(state) = self.state_runtime().await? {
+            service = service.with_state(state);
+        }
         let dispatch = Arc::new(StackDispatch::new(
             self.stack_settings(scheduler.clone(), telemetry.clone(), &timers),
-            Arc::new(HandlerService::new(Arc::new(handler)).with_timers(timers.clone())),
+            Arc::new(service),
         ));
         let flow = Arc::new(QueueFlowControl::default());
         let engine = Engine::with_admission(
@@ -525,6 +588,29 @@ impl ProsodyClient {
             .ok();
     }
 
+    /// The keyed-state runtime of a subscription (`None` without collections), after storing
+    /// the collections' identities durably.
+    async fn state_runtime(&self) -> Result<Option<StateRuntime>, ClientError> {
+        let config = &self.inner.config;
+        let definitions = self.inner.collections.lock().clone();
+        if definitions.is_empty() {
+            return Ok(None);
+        }
+        let collections = validate_collections(&definitions, config)?;
+        let loader =
+            KafkaMessageLoader::new(&self.inner.bootstrap_servers, config.kafka.send_timeout)
+                .map_err(ClientError::kafka)?;
+        let runtime = StateRuntime::new(
+            self.inner.state_store.clone(),
+            config.kafka.group_id.clone(),
+            collections,
+        )
+        .with_loader(Arc::new(loader))
+        .with_subsystem(config.kafka.subsystem.clone().map(Into::into));
+        runtime.register().await?;
+        Ok(Some(runtime))
+    }
+
     fn ensure_open(&self) -> Result<(), ClientError> {
         if self.inner.shutdown.initialized() {
             Err(ClientError::ShutDown)
@@ -552,6 +638,49 @@ fn dedup_store(_config: &Config) -> Arc<dyn DedupStore> {
 fn dedup_ttl(ttl: std::time::Duration) -> Ttl {
     let secs = u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX).max(1);
     Ttl::from_secs(secs).unwrap_or(Ttl::new(std::num::NonZeroU32::MIN))
+}
+
+/// The keyed-state store of the configured backend. Until the durable backends are wired into
+/// the client, one in-memory store per process, like dedup: state (and the durable identity
+/// of collections) holds across clients of the process but not across restarts.
+fn default_state_store(_config: &Config) -> Arc<dyn StateStore> {
+    static MEMORY: std::sync::OnceLock<storage_memory::MemoryStateStore> =
+        std::sync::OnceLock::new();
+    Arc::new(
+        MEMORY
+            .get_or_init(|| storage_memory::MemoryStateStore::new(SystemClock))
+            .clone(),
+    )
+}
+
+/// `stateCollections` as definitions, validated.
+fn configured_collections(config: &Config) -> Result<Vec<CollectionDefinition>, ClientError> {
+    let definitions = config
+        .storage
+        .collections
+        .iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            serde_json::from_value(raw.clone()).map_err(|error| ConfigError::Options {
+                path: format!("stateCollections[{index}]"),
+                message: error.to_string(),
+            })
+        })
+        .collect::<Result<Vec<CollectionDefinition>, _>>()?;
+    validate_collections(&definitions, config)?;
+    Ok(definitions)
+}
+
+fn validate_collections(
+    definitions: &[CollectionDefinition],
+    config: &Config,
+) -> Result<Vec<Collection>, ClientError> {
+    definition::validate_all(definitions, config.storage.recovery_delay).map_err(|error| {
+        ClientError::Config(ConfigError::Options {
+            path: format!("stateCollections[{}].{}", error.collection, error.field),
+            message: error.expected,
+        })
+    })
 }
 
 /// The timer store of the configured backend.

@@ -2,6 +2,7 @@
 
 use prosody_api::{ClassifyError, ErrorClass};
 use prosody_pipeline::kafka::producer::ProducerError;
+use prosody_pipeline::state::RegistryError;
 
 use crate::config::ConfigError;
 
@@ -29,6 +30,10 @@ pub enum ClientError {
     /// `subscribe` on a client configured without topics.
     #[error("no topics to subscribe to: set subscribedTopics (PROSODY_SUBSCRIBED_TOPICS)")]
     NoTopics,
+    /// Keyed-state collections could not be registered (a name stored durably with another
+    /// kind or payload is permanent; a store failure is transient).
+    #[error(transparent)]
+    State(#[from] RegistryError),
     /// Any operation after `shutdown`.
     #[error("the client has been shut down")]
     ShutDown,
@@ -44,6 +49,7 @@ impl ClassifyError for ClientError {
     fn error_class(&self) -> ErrorClass {
         match self {
             Self::Producer(error) => error.error_class(),
+            Self::State(error) => error.error_class(),
             Self::Kafka(_) | Self::Probes(_) => ErrorClass::Transient,
             Self::Config(_)
             | Self::AlreadySubscribed

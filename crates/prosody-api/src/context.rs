@@ -3,11 +3,13 @@
 //! receive them as `&dyn EventContext`.
 //!
 //! Contexts and the state handles they vend are valid only for the event attempt they were
-//! given to. Lifetimes tie handles to the context, and a pipeline whose contexts can escape (a
-//! JS binding) must make every operation after the attempt fail with
-//! [`ContextError::AttemptEnded`] without changing anything.
+//! given to. Handles own what they need (`'static`), so a binding can hand them to another
+//! runtime (JS) and a handler can move them into a task; the pipeline therefore makes every
+//! operation after the attempt fail with [`ContextError::AttemptEnded`] without changing
+//! anything.
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use serde_json::Value;
 
@@ -88,6 +90,26 @@ pub trait MapState<V>: StagedCollection {
     /// Entries in key order, fetched lazily in chunks; dropping the stream early is safe.
     fn entries(&self, direction: ScanDirection)
     -> BoxStream<'_, Result<(String, V), ContextError>>;
+    /// Entry keys in key order, fetched lazily in chunks; dropping the stream early is safe.
+    fn keys(&self, direction: ScanDirection) -> BoxStream<'_, Result<String, ContextError>>
+    where
+        V: 'static,
+    {
+        use futures::StreamExt;
+        self.entries(direction)
+            .map(|entry| entry.map(|(key, _)| key))
+            .boxed()
+    }
+    /// Entry values in key order, fetched lazily in chunks; dropping the stream early is safe.
+    fn values(&self, direction: ScanDirection) -> BoxStream<'_, Result<V, ContextError>>
+    where
+        V: Send + 'static,
+    {
+        use futures::StreamExt;
+        self.entries(direction)
+            .map(|entry| entry.map(|(_, value)| value))
+            .boxed()
+    }
 }
 
 /// A double-ended queue of the current key, bounded by its collection's capacity.
@@ -124,41 +146,40 @@ pub trait KeyedStateContext: Send + Sync {
     /// # Errors
     /// [`ContextError::Unregistered`] or [`ContextError::Mismatch`] (both permanent), or
     /// [`ContextError::AttemptEnded`]; the same for every method of this trait.
-    fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value> + '_>, ContextError>;
+    fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value>>, ContextError>;
     /// A JSON map collection.
     ///
     /// # Errors
     /// As for [`KeyedStateContext::value`].
-    fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value> + '_>, ContextError>;
+    fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value>>, ContextError>;
     /// A JSON deque collection.
     ///
     /// # Errors
     /// As for [`KeyedStateContext::value`].
-    fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value> + '_>, ContextError>;
+    fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value>>, ContextError>;
     /// A message value collection.
     ///
     /// # Errors
     /// As for [`KeyedStateContext::value`].
-    fn message_value(
-        &self,
-        collection: &str,
-    ) -> Result<Box<dyn ValueState<Message> + '_>, ContextError>;
+    fn message_value(&self, collection: &str)
+    -> Result<Box<dyn ValueState<Message>>, ContextError>;
     /// A message map collection.
     ///
     /// # Errors
     /// As for [`KeyedStateContext::value`].
-    fn message_map(
-        &self,
-        collection: &str,
-    ) -> Result<Box<dyn MapState<Message> + '_>, ContextError>;
+    fn message_map(&self, collection: &str) -> Result<Box<dyn MapState<Message>>, ContextError>;
     /// A message deque collection.
     ///
     /// # Errors
     /// As for [`KeyedStateContext::value`].
-    fn message_deque(
-        &self,
-        collection: &str,
-    ) -> Result<Box<dyn DequeState<Message> + '_>, ContextError>;
+    fn message_deque(&self, collection: &str)
+    -> Result<Box<dyn DequeState<Message>>, ContextError>;
+    /// Clears every registered collection of the current key, as one pending write of each
+    /// (committed with the attempt): what `on_excise` calls to remove the key's state.
+    ///
+    /// # Errors
+    /// [`ContextError::AttemptEnded`], or a store error writing a `readUncommitted` collection.
+    fn clear_all(&self) -> BoxFuture<'_, Result<(), ContextError>>;
 }
 
 /// Everything a handler gets for one event of one key.

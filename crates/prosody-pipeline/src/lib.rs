@@ -12,6 +12,7 @@ pub mod kafka;
 pub mod middleware;
 pub mod probes;
 pub mod scheduler;
+pub mod state;
 pub mod telemetry;
 pub mod timers;
 

@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use prosody_api::context::{DequeState, MapState, ValueState};
 use prosody_api::{
     Cancellation, ContextError, EventContext, Key, KeyedStateContext, Message, StorageError,
@@ -12,6 +13,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::state::AttemptState;
 use crate::timers::{StagedTimers, TimerWrite};
 
 /// The context of one attempt of one event: its key, its cancellation, its timers and (as its
@@ -31,6 +33,7 @@ pub struct AttemptContext {
     attempt: u32,
     ended: AtomicBool,
     timers: Option<StagedTimers>,
+    state: Option<AttemptState>,
 }
 
 impl AttemptContext {
@@ -51,6 +54,7 @@ impl AttemptContext {
             attempt,
             ended: AtomicBool::new(false),
             timers: None,
+            state: None,
         }
     }
 
@@ -75,9 +79,20 @@ impl AttemptContext {
         self
     }
 
-    /// Ends the attempt: the context is unusable from now on.
+    /// Gives the context keyed state, staged in `state` (from
+    /// [`crate::state::StateRuntime::attempt`] for the attempt's key).
+    #[must_use]
+    pub fn with_state(mut self, state: AttemptState) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Ends the attempt: the context and every state handle it vended are unusable from now on.
     pub fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
+        if let Some(state) = &self.state {
+            state.end();
+        }
     }
 
     /// Ends the attempt and applies its staged writes (for a timer event, removing the fired
@@ -88,6 +103,11 @@ impl AttemptContext {
     /// idempotent, so retrying the event is safe).
     pub async fn commit(&self) -> Result<(), StorageError> {
         self.end();
+        // State first, in one atomic batch: if it fails nothing of the attempt landed and the
+        // retry starts clean; timer writes are idempotent and follow.
+        if let Some(state) = &self.state {
+            state.commit().await?;
+        }
         match &self.timers {
             Some(timers) => timers.commit().await,
             None => Ok(()),
@@ -130,6 +150,15 @@ impl AttemptContext {
         } else {
             Ok(())
         }
+    }
+
+    fn state(&self) -> Result<&AttemptState, ContextError> {
+        self.live()?;
+        self.state.as_ref().ok_or_else(|| {
+            ContextError::InvalidRequest(
+                "keyed state is not configured for this dispatch (no collections)".to_owned(),
+            )
+        })
     }
 
     fn timers(&self) -> Result<&StagedTimers, ContextError> {
@@ -188,43 +217,44 @@ impl Cancellation for AttemptContext {
 }
 
 impl KeyedStateContext for AttemptContext {
-    fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value> + '_>, ContextError> {
-        self.live()?;
-        Err(ContextError::Unregistered(collection.to_owned()))
+    fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value>>, ContextError> {
+        self.state()?.value(collection)
     }
 
-    fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value> + '_>, ContextError> {
-        self.live()?;
-        Err(ContextError::Unregistered(collection.to_owned()))
+    fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value>>, ContextError> {
+        self.state()?.map(collection)
     }
 
-    fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value> + '_>, ContextError> {
-        self.live()?;
-        Err(ContextError::Unregistered(collection.to_owned()))
+    fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value>>, ContextError> {
+        self.state()?.deque(collection)
     }
 
     fn message_value(
         &self,
         collection: &str,
-    ) -> Result<Box<dyn ValueState<Message> + '_>, ContextError> {
-        self.live()?;
-        Err(ContextError::Unregistered(collection.to_owned()))
+    ) -> Result<Box<dyn ValueState<Message>>, ContextError> {
+        self.state()?.message_value(collection)
     }
 
-    fn message_map(
-        &self,
-        collection: &str,
-    ) -> Result<Box<dyn MapState<Message> + '_>, ContextError> {
-        self.live()?;
-        Err(ContextError::Unregistered(collection.to_owned()))
+    fn message_map(&self, collection: &str) -> Result<Box<dyn MapState<Message>>, ContextError> {
+        self.state()?.message_map(collection)
     }
 
     fn message_deque(
         &self,
         collection: &str,
-    ) -> Result<Box<dyn DequeState<Message> + '_>, ContextError> {
-        self.live()?;
-        Err(ContextError::Unregistered(collection.to_owned()))
+    ) -> Result<Box<dyn DequeState<Message>>, ContextError> {
+        self.state()?.message_deque(collection)
+    }
+
+    fn clear_all(&self) -> BoxFuture<'_, Result<(), ContextError>> {
+        Box::pin(async move {
+            match &self.state {
+                Some(state) => state.clear_all().await,
+                // No collections: nothing to clear.
+                None => self.live(),
+            }
+        })
     }
 }
 

@@ -17,6 +17,7 @@ use tracing::warn;
 use super::context::AttemptContext;
 use crate::event::Event;
 use crate::middleware::{Failure, FailureKind, Service, Task, Verdict};
+use crate::state::StateRuntime;
 use crate::timers::Timers;
 
 /// Calls an [`EventHandler`] once per task. A handler error keeps its class; a panic is a
@@ -24,6 +25,7 @@ use crate::timers::Timers;
 pub struct HandlerService<H> {
     handler: Arc<H>,
     timers: Option<Timers>,
+    state: Option<StateRuntime>,
 }
 
 impl<H> HandlerService<H> {
@@ -32,6 +34,7 @@ impl<H> HandlerService<H> {
         Self {
             handler,
             timers: None,
+            state: None,
         }
     }
 
@@ -42,6 +45,13 @@ impl<H> HandlerService<H> {
         self
     }
 
+    /// Gives handlers keyed state: the collections of `state`, bound to each event's key.
+    #[must_use]
+    pub fn with_state(mut self, state: StateRuntime) -> Self {
+        self.state = Some(state);
+        self
+    }
+
     fn context(&self, task: &Task) -> AttemptContext {
         let context = AttemptContext::for_attempt(
             task.event.key().clone(),
@@ -49,8 +59,12 @@ impl<H> HandlerService<H> {
             task.attempt,
         )
         .with_deadline(task.deadline);
-        match &self.timers {
+        let context = match &self.timers {
             Some(timers) => context.with_timers(timers.stage(&task.event)),
+            None => context,
+        };
+        match &self.state {
+            Some(state) => context.with_state(state.attempt(task.event.key().clone())),
             None => context,
         }
     }

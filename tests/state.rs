@@ -44,8 +44,11 @@ static COUNT: LazyLock<Definition<kinds::Value>> =
     LazyLock::new(|| state::value("count").ttl_seconds(30 * DAY));
 static WINDOW: LazyLock<Definition<kinds::Value>> =
     LazyLock::new(|| state::value("window").ttl_seconds(DAY));
-static PENDING: LazyLock<Definition<kinds::MessageDeque>> =
-    LazyLock::new(|| state::message_deque("pending").ttl_seconds(DAY).capacity(100));
+static PENDING: LazyLock<Definition<kinds::MessageDeque>> = LazyLock::new(|| {
+    state::message_deque("pending")
+        .ttl_seconds(DAY)
+        .capacity(100)
+});
 static REGISTER: LazyLock<Definition<kinds::Value>> = LazyLock::new(|| state::value("register"));
 static THROUGH: LazyLock<Definition<kinds::Value>> =
     LazyLock::new(|| state::value("through").read_uncommitted(true));
@@ -153,7 +156,13 @@ impl Scripted {
             // The README's counter.
             "count" => {
                 let count = context.state(&COUNT).map_err(transient)?;
-                let next = count.get().await.map_err(transient)?.and_then(|v| v.as_u64()).unwrap_or(0) + 1;
+                let next = count
+                    .get()
+                    .await
+                    .map_err(transient)?
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(0)
+                    + 1;
                 count.set(json!(next)).await.map_err(transient)?;
                 self.report(key, "count", json!(next));
             }
@@ -212,7 +221,10 @@ impl Scripted {
             // A handle kept past its attempt (successful or failed).
             "leak" => {
                 let register = context.state(&REGISTER).map_err(transient)?;
-                register.set(json!("before leak")).await.map_err(transient)?;
+                register
+                    .set(json!("before leak"))
+                    .await
+                    .map_err(transient)?;
                 *self.leaked.lock() = Some(register);
                 if message.payload["fail"].as_bool() == Some(true) && self.attempt(message) == 1 {
                     return Err(HandlerError::transient("fail while leaking"));
@@ -236,17 +248,29 @@ impl Scripted {
             "null" => {
                 let register = context.state(&REGISTER).map_err(transient)?;
                 let error = register.set(Value::Null).await.expect_err("null rejected");
-                self.report(key, "null", json!([error_name(Some(error)), register.get().await.map_err(transient)?]));
+                self.report(
+                    key,
+                    "null",
+                    json!([
+                        error_name(Some(error)),
+                        register.get().await.map_err(transient)?
+                    ]),
+                );
             }
             "mismatch" => {
-                let error = context.map("count").map(|_| ()).expect_err("count is a value");
+                let error = context
+                    .map("count")
+                    .map(|_| ())
+                    .expect_err("count is a value");
                 self.report(key, "mismatch", json!(error.is_permanent()));
             }
             "map_fill" => {
                 let map = context.state(&ENTRIES).map_err(transient)?;
                 for entry in message.payload["entries"].as_array().unwrap() {
                     let entry = entry.as_str().unwrap();
-                    map.set(entry, json!(entry.chars().count())).await.map_err(transient)?;
+                    map.set(entry, json!(entry.chars().count()))
+                        .await
+                        .map_err(transient)?;
                 }
             }
             "map_scan" => {
@@ -386,7 +410,11 @@ impl EventHandler for Scripted {
         Ok(Value::Null)
     }
 
-    async fn on_timer(&self, context: &dyn EventContext, timer: &Timer) -> Result<(), HandlerError> {
+    async fn on_timer(
+        &self,
+        context: &dyn EventContext,
+        timer: &Timer,
+    ) -> Result<(), HandlerError> {
         let pending = context.state(&PENDING).map_err(transient)?;
         let held: Vec<i64> = pending
             .values(ScanDirection::Forward)
@@ -400,7 +428,12 @@ impl EventHandler for Scripted {
             self.report(&timer.key, "summary", json!(held));
         }
         pending.clear().await.map_err(transient)?;
-        context.state(&WINDOW).map_err(transient)?.clear().await.map_err(transient)?;
+        context
+            .state(&WINDOW)
+            .map_err(transient)?
+            .clear()
+            .await
+            .map_err(transient)?;
         self.report(&timer.key, "window_closed", Value::Null);
         Ok(())
     }
@@ -417,7 +450,10 @@ struct Running {
 
 impl Running {
     async fn send(&self, key: &str, payload: Value) {
-        self.client.send(&self.topic, key, &payload).await.expect("send");
+        self.client
+            .send(&self.topic, key, &payload)
+            .await
+            .expect("send");
     }
 
     async fn next(&self, key: &str, what: &str) -> Value {
@@ -427,7 +463,10 @@ impl Running {
     /// The stored value of a collection of `key`, bypassing the client.
     async fn stored_value(&self, collection: &str, key: &str) -> Option<Value> {
         self.store
-            .get_value(&StateScope::group(self.group.as_str(), collection), &Key::from(key))
+            .get_value(
+                &StateScope::group(self.group.as_str(), collection),
+                &Key::from(key),
+            )
             .await
             .unwrap()
     }
@@ -453,7 +492,10 @@ async fn start_on(topic: &str, group: &str, store: Arc<dyn StateStore>) -> Runni
     let client = ProsodyClient::with_stores(config, timers, store.clone())
         .await
         .expect("client");
-    client.define_collections(definitions()).await.expect("valid definitions");
+    client
+        .define_collections(definitions())
+        .await
+        .expect("valid definitions");
     let (sender, receiver) = mpsc::unbounded_channel();
     let gate = Arc::new(Semaphore::new(0));
     client
@@ -495,7 +537,11 @@ async fn readme_counter_counts_each_key_independently() {
     }
     // The null check and a later event show the count is committed, not just staged.
     running.send("alice", json!({"op": "mismatch"})).await;
-    assert_eq!(running.next("alice", "mismatch").await, json!(true), "permanent");
+    assert_eq!(
+        running.next("alice", "mismatch").await,
+        json!(true),
+        "permanent"
+    );
     assert_eq!(running.stored_value("count", "alice").await, Some(json!(5)));
     assert_eq!(running.stored_value("count", "bob").await, Some(json!(3)));
     running.client.shutdown().await.unwrap();
@@ -526,7 +572,10 @@ async fn transactions_commit_floor_rollback_failed_attempts_and_null() {
     let running = start(1).await;
     running.send("floor", json!({"op": "floor"})).await;
     assert_eq!(running.next("floor", "floor").await, json!("committed"));
-    assert_eq!(running.stored_value("register", "floor").await, Some(json!("committed")));
+    assert_eq!(
+        running.stored_value("register", "floor").await,
+        Some(json!("committed"))
+    );
 
     running.send("rb", json!({"op": "rollback"})).await;
     assert_eq!(running.next("rb", "rollback").await, json!(10));
@@ -539,7 +588,10 @@ async fn transactions_commit_floor_rollback_failed_attempts_and_null() {
     );
 
     running.send("null", json!({"op": "null"})).await;
-    assert_eq!(running.next("null", "null").await, json!(["invalid request", null]));
+    assert_eq!(
+        running.next("null", "null").await,
+        json!(["invalid request", null])
+    );
     running.client.shutdown().await.unwrap();
 }
 
@@ -548,7 +600,9 @@ async fn leaked_handles_are_rejected_and_write_nothing() {
     let running = start(1).await;
     for fail in [false, true] {
         let key = format!("leak-{fail}");
-        running.send(&key, json!({"op": "leak", "fail": fail})).await;
+        running
+            .send(&key, json!({"op": "leak", "fail": fail}))
+            .await;
         running.send(&key, json!({"op": "use_leaked"})).await;
         let used = running.next(&key, "use_leaked").await;
         assert_eq!(used["write"], json!("attempt ended"), "{used}");
@@ -563,7 +617,9 @@ async fn leaked_handles_are_rejected_and_write_nothing() {
 async fn map_scans_both_directions_with_unicode_keys_and_early_exit() {
     let running = start(1).await;
     let entries = ["b", "a", "日本", "é", "z", "A", "ß"];
-    running.send("m", json!({"op": "map_fill", "entries": entries})).await;
+    running
+        .send("m", json!({"op": "map_fill", "entries": entries}))
+        .await;
     running.send("m", json!({"op": "map_scan"})).await;
     let scan = running.next("m", "map_scan").await;
     let mut sorted: Vec<&str> = entries.to_vec();
@@ -585,7 +641,9 @@ async fn map_scans_both_directions_with_unicode_keys_and_early_exit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deque_of_ten_thousand_scans_in_chunks_and_capacity_drops_the_oldest() {
     let running = start(1).await;
-    running.send("d", json!({"op": "deque_fill", "count": 10_000})).await;
+    running
+        .send("d", json!({"op": "deque_fill", "count": 10_000}))
+        .await;
     assert_eq!(running.next("d", "deque_staged").await, json!(10_000));
     running.send("d", json!({"op": "deque_scan"})).await;
     let scan = running.next("d", "deque_scan").await;
@@ -607,7 +665,9 @@ async fn deque_of_ten_thousand_scans_in_chunks_and_capacity_drops_the_oldest() {
 async fn excise_clears_every_collection_of_the_key() {
     let running = start(1).await;
     running.send("gone", json!({"op": "count"})).await;
-    running.send("gone", json!({"op": "map_fill", "entries": ["x", "y"]})).await;
+    running
+        .send("gone", json!({"op": "map_fill", "entries": ["x", "y"]}))
+        .await;
     running.send("gone", json!({"op": "capacity"})).await;
     running.send("kept", json!({"op": "count"})).await;
     running.next("gone", "capacity").await;
@@ -620,13 +680,31 @@ async fn excise_clears_every_collection_of_the_key() {
 
     let key = Key::from("gone");
     for collection in ["count", "window", "register", "through"] {
-        assert_eq!(running.stored_value(collection, "gone").await, None, "{collection}");
+        assert_eq!(
+            running.stored_value(collection, "gone").await,
+            None,
+            "{collection}"
+        );
     }
     let scope = |name: &str| StateScope::group(running.group.as_str(), name);
     let everything = ScanRequest::first(ScanDirection::Forward, 100.try_into().unwrap());
-    assert!(running.store.scan_map(&scope("entries"), &key, &everything).await.unwrap().is_empty());
+    assert!(
+        running
+            .store
+            .scan_map(&scope("entries"), &key, &everything)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     for deque in ["items", "recent", "pending"] {
-        assert_eq!(running.store.get_deque_bounds(&scope(deque), &key).await.unwrap(), None);
+        assert_eq!(
+            running
+                .store
+                .get_deque_bounds(&scope(deque), &key)
+                .await
+                .unwrap(),
+            None
+        );
     }
     assert_eq!(running.stored_value("count", "kept").await, Some(json!(1)));
     running.client.shutdown().await.unwrap();
@@ -660,9 +738,14 @@ async fn a_name_registered_with_another_kind_is_a_permanent_error() {
     let timers = Arc::new(storage_memory::MemoryTimerStore::new(
         prosody::api::SlabSize::from_secs(60).unwrap(),
     ));
-    let second = ProsodyClient::with_stores(config, timers, store).await.unwrap();
+    let second = ProsodyClient::with_stores(config, timers, store)
+        .await
+        .unwrap();
     // Same name, another kind: valid on its own, refused against the stored identity.
-    second.define_collections([state::map("count")]).await.unwrap();
+    second
+        .define_collections([state::map("count")])
+        .await
+        .unwrap();
     let error = second
         .subscribe(Scripted {
             reports: mpsc::unbounded_channel().0,
@@ -689,7 +772,10 @@ async fn invalid_definitions_fail_at_construction_naming_the_field() {
         Err(error) => error,
         Ok(_) => panic!("capacity 0 accepted"),
     };
-    assert!(error.to_string().contains("stateCollections[bad].capacity"), "{error}");
+    assert!(
+        error.to_string().contains("stateCollections[bad].capacity"),
+        "{error}"
+    );
 
     let client = ProsodyClient::new(Config::from_options(self::options("t", "g")).unwrap())
         .await

@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use crate::state::AttemptState;
 use crate::timers::{StagedTimers, TimerWrite};
 
-/// The context of one attempt of one event: its key, its cancellation, its timers and (as its
-/// issue lands) its keyed state. Every operation after [`AttemptContext::end`] fails with
-/// [`ContextError::AttemptEnded`] and changes nothing.
+/// The context of one attempt of one event: its key, its cancellation, its timers and its
+/// keyed state. Every operation after [`AttemptContext::end`] fails with
+/// [`ContextError::AttemptEnded`] and changes nothing, state handles included.
 ///
 /// Writes are staged in the context, not stored. Whoever runs the attempt decides their fate
 /// once it has ended: [`AttemptContext::commit`] after a success (before reporting the event

@@ -16,6 +16,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message as _;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset as RdOffset, TopicPartitionList};
 
 use crate::event::Event;
@@ -123,9 +124,7 @@ fn load_blocking(
                     "past the end of the partition",
                 ));
             }
-            Some(Err(KafkaError::MessageConsumption(code)))
-                if code == rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange =>
-            {
+            Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
                 return Err(gone(topic, partition, offset, "offset out of range"));
             }
             Some(Err(error)) => return Err(StorageError::backend(OPERATION, error.to_string())),

@@ -76,8 +76,8 @@ impl MapHandle {
         cursor: Option<String>,
     ) -> Result<Chunk, ContextError> {
         let stages = self.cell.lock().await?;
-        let staged = staged_map(&self.cell, &stages);
-        let stored = if staged.is_some_and(|map| map.cleared) {
+        let overlay = staged_map(&self.cell, &stages);
+        let stored = if overlay.is_some_and(|map| map.cleared) {
             Vec::new()
         } else {
             let request = ScanRequest {
@@ -94,7 +94,7 @@ impl MapHandle {
         // every staged entry past the cursor belongs to this (last) chunk.
         let boundary = stored.last().map(|(entry, _)| entry.clone());
         let mut merged: BTreeMap<String, Value> = stored.into_iter().collect();
-        if let Some(staged) = staged {
+        if let Some(staged) = overlay {
             let after = cursor.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
             let through = boundary
                 .as_deref()
@@ -160,10 +160,10 @@ impl MapState<Value> for MapHandle {
 
     async fn get_many(&self, entries: &[String]) -> Result<Vec<Option<Value>>, ContextError> {
         let stages = self.cell.lock().await?;
-        let staged = staged_map(&self.cell, &stages);
+        let overlay = staged_map(&self.cell, &stages);
         let answers: Vec<Option<Option<Value>>> = entries
             .iter()
-            .map(|entry| staged.and_then(|map| map.lookup(entry)))
+            .map(|entry| overlay.and_then(|map| map.lookup(entry)))
             .collect();
         let missing: Vec<String> = entries
             .iter()

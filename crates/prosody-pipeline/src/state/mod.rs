@@ -419,3 +419,169 @@ impl<C: KeyedStateContext + ?Sized> StateContextExt for C {
         K::bind(self, definition.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use async_trait::async_trait;
+    use futures::StreamExt;
+    use prosody_api::storage::ScanDirection;
+    use prosody_api::{
+        ClassifyError, Offset, Partition, StorageError, StorageErrorKind, SystemClock, Topic,
+    };
+    use serde_json::json;
+    use storage_memory::MemoryStateStore;
+
+    use super::*;
+
+    #[derive(Debug)]
+    struct Gone;
+
+    #[async_trait]
+    impl MessageLoader for Gone {
+        async fn load(
+            &self,
+            topic: &Topic,
+            _: Partition,
+            _: Offset,
+        ) -> Result<Message, StorageError> {
+            Err(StorageError::new(
+                "state.load_message",
+                StorageErrorKind::InvalidRequest,
+                format!("{topic}: no longer available in Kafka"),
+            ))
+        }
+    }
+
+    fn runtime(definitions: &[CollectionDefinition]) -> StateRuntime {
+        let collections =
+            definition::validate_all(definitions, std::time::Duration::from_secs(1)).unwrap();
+        StateRuntime::new(
+            Arc::new(MemoryStateStore::new(SystemClock)),
+            "group",
+            collections,
+        )
+        .with_loader(Arc::new(Gone))
+    }
+
+    #[tokio::test]
+    async fn map_scans_merge_staged_entries_across_store_chunks() {
+        let runtime = runtime(&[CollectionDefinition::map("m").keyset_limit(0)]);
+        let seed = runtime.attempt(Key::from("k"));
+        let map = seed.map("m").unwrap();
+        let mut expected = BTreeMap::new();
+        for index in 0..600 {
+            let entry = format!("e{index:04}");
+            map.set(&entry, json!(index)).await.unwrap();
+            expected.insert(entry, json!(index));
+        }
+        seed.commit().await.unwrap();
+
+        let attempt = runtime.attempt(Key::from("k"));
+        let map = attempt.map("m").unwrap();
+        // Staged changes on both sides of the 256-entry chunk boundaries.
+        for index in (0..600).step_by(7) {
+            let entry = format!("e{index:04}");
+            assert!(map.delete(&entry).await.unwrap());
+            expected.remove(&entry);
+        }
+        for extra in ["e0256x", "e0511x", "a", "zz"] {
+            map.set(extra, json!(extra)).await.unwrap();
+            expected.insert(extra.to_owned(), json!(extra));
+        }
+        let forward: Vec<(String, Value)> = map
+            .entries(ScanDirection::Forward)
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        assert_eq!(forward, expected.clone().into_iter().collect::<Vec<_>>());
+        let backward: Vec<(String, Value)> = map
+            .entries(ScanDirection::Backward)
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        assert_eq!(backward, expected.into_iter().rev().collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn ended_attempts_reject_handles_and_drop_their_writes() {
+        let runtime = runtime(&[CollectionDefinition::value("v")]);
+        let attempt = runtime.attempt(Key::from("k"));
+        let value = attempt.value("v").unwrap();
+        value.set(json!(1)).await.unwrap();
+        attempt.end();
+        assert!(matches!(
+            value.set(json!(2)).await,
+            Err(ContextError::AttemptEnded)
+        ));
+        assert!(matches!(
+            attempt.value("v"),
+            Err(ContextError::AttemptEnded)
+        ));
+        let next = runtime.attempt(Key::from("k"));
+        assert_eq!(next.value("v").unwrap().get().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn unregistered_and_mismatched_collections_are_permanent() {
+        let runtime = runtime(&[CollectionDefinition::value("v")]);
+        let attempt = runtime.attempt(Key::from("k"));
+        let unregistered = attempt.map("nope").map(|_| ()).unwrap_err();
+        assert!(matches!(unregistered, ContextError::Unregistered(_)));
+        let mismatch = attempt.deque("v").map(|_| ()).unwrap_err();
+        assert!(mismatch.is_permanent(), "{mismatch}");
+    }
+
+    #[tokio::test]
+    async fn a_message_whose_record_is_gone_reads_as_a_clear_error() {
+        let runtime = runtime(&[CollectionDefinition::message_value("msg")]);
+        let attempt = runtime.attempt(Key::from("k"));
+        let handle = attempt.message_value("msg").unwrap();
+        handle
+            .set(Message {
+                topic: Topic::from("t"),
+                partition: Partition(0),
+                offset: Offset(5),
+                timestamp: prosody_api::Timestamp::from_millis(0),
+                key: Key::from("k"),
+                payload: json!({}),
+                headers: prosody_api::Headers::new(),
+            })
+            .await
+            .unwrap();
+        let error = handle.get().await.unwrap_err();
+        assert!(error.to_string().contains("no longer available"), "{error}");
+        assert!(error.is_permanent());
+    }
+
+    #[tokio::test]
+    async fn identity_is_durable_and_checked_on_registration() {
+        let store: Arc<dyn prosody_api::storage::StateStore> =
+            Arc::new(MemoryStateStore::new(SystemClock));
+        let delay = std::time::Duration::from_secs(1);
+        let first = definition::validate_all(&[CollectionDefinition::value("x")], delay).unwrap();
+        StateRuntime::new(store.clone(), "g", first)
+            .register()
+            .await
+            .unwrap();
+        let same = definition::validate_all(&[CollectionDefinition::value("x")], delay).unwrap();
+        StateRuntime::new(store.clone(), "g", same)
+            .register()
+            .await
+            .unwrap();
+        let other =
+            definition::validate_all(&[CollectionDefinition::message_value("x")], delay).unwrap();
+        let error = StateRuntime::new(store.clone(), "g", other)
+            .register()
+            .await
+            .unwrap_err();
+        assert!(error.is_permanent(), "{error}");
+        // Another group has its own registry.
+        let elsewhere = definition::validate_all(&[CollectionDefinition::map("x")], delay).unwrap();
+        StateRuntime::new(store, "other", elsewhere)
+            .register()
+            .await
+            .unwrap();
+    }
+}

@@ -15,6 +15,10 @@ use super::definition::Collection;
 
 /// One collection's pending writes.
 #[derive(Debug)]
+#[allow(
+    clippy::option_option,
+    reason = "three states: untouched (ask the store), cleared, set"
+)]
 pub enum Stage {
     /// A value: `None` untouched, `Some(None)` cleared, `Some(Some(v))` set.
     Value(Option<Option<Value>>),
@@ -36,6 +40,10 @@ pub struct MapStage {
 impl MapStage {
     /// The entry as the attempt sees it: `Some(answer)` when the stage decides it, `None` when
     /// the store must be asked.
+    #[allow(
+        clippy::option_option,
+        reason = "three answers: ask the store, absent, present"
+    )]
     pub fn lookup(&self, entry: &str) -> Option<Option<Value>> {
         match self.entries.get(entry) {
             Some(staged) => Some(staged.clone()),
@@ -64,6 +72,10 @@ pub struct DequeStage {
 impl DequeStage {
     /// The item at `position` as the attempt sees it: `Some(answer)` when the stage decides
     /// it, `None` when the store must be asked.
+    #[allow(
+        clippy::option_option,
+        reason = "three answers: ask the store, absent, present"
+    )]
     pub fn lookup(&self, position: i64) -> Option<Option<Value>> {
         if !self.bounds.is_some_and(|bounds| bounds.contains(position)) {
             return Some(None);

@@ -768,9 +768,8 @@ async fn invalid_definitions_fail_at_construction_naming_the_field() {
         {"name": "ok", "kind": "value", "payload": "json", "ttlSeconds": 60},
         {"name": "bad", "kind": "deque", "payload": "json", "capacity": 0}
     ]));
-    let error = match ProsodyClient::new(Config::from_options(options).unwrap()).await {
-        Err(error) => error,
-        Ok(_) => panic!("capacity 0 accepted"),
+    let Err(error) = ProsodyClient::new(Config::from_options(options).unwrap()).await else {
+        panic!("capacity 0 accepted")
     };
     assert!(
         error.to_string().contains("stateCollections[bad].capacity"),

@@ -27,6 +27,7 @@ use serde_json::Value;
 use storage_memory::MemoryTimerStore;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OnceCell};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{ClientOptions, Config, ConfigError, Mode, SpanRelation, StorageBackend};
@@ -59,6 +60,8 @@ enum Lifecycle {
 
 struct Subscription {
     poll: PollLoop,
+    /// Stops the keyed-state recovery sweep.
+    recovery: Option<CancellationToken>,
     probes: Option<ProbeServer>,
     telemetry: Option<TelemetrySink>,
 }
@@ -337,9 +340,11 @@ impl ProsodyClient {
             cache_size: config.scheduler.cache_size.get() as u64,
         }));
         let mut service = HandlerService::new(Arc::new(handler)).with_timers(timers.clone());
-        if let Some(state) = self.state_runtime().await? {
-            service = service.with_state(state);
+        let state = self.state_runtime().await?;
+        if let Some(state) = &state {
+            service = service.with_state(state.clone());
         }
+        let sweep_timers = timers.clone();
         let dispatch = Arc::new(StackDispatch::new(
             self.stack_settings(scheduler.clone(), telemetry.clone(), &timers),
             Arc::new(service),
@@ -386,10 +391,13 @@ impl ProsodyClient {
                 return Err(ClientError::kafka(error));
             }
         };
+        let recovery =
+            state.map(|state| start_recovery(&state, sweep_timers, config.storage.recovery_delay));
         *self.inner.probe_address.lock() = probes.as_ref().map(ProbeServer::local_addr);
         *self.inner.engine.lock() = Some(engine);
         *lifecycle = Lifecycle::Subscribed(Subscription {
             poll,
+            recovery,
             probes,
             telemetry,
         });
@@ -497,10 +505,14 @@ impl ProsodyClient {
     async fn stop(&self, subscription: Subscription) {
         let Subscription {
             poll,
+            recovery,
             probes,
             telemetry,
         } = subscription;
         poll.stop().await;
+        if let Some(recovery) = recovery {
+            recovery.cancel();
+        }
         if let Some(telemetry) = telemetry {
             telemetry.close(self.inner.config.kafka.send_timeout).await;
         }
@@ -651,6 +663,18 @@ fn default_state_store(_config: &Config) -> Arc<dyn StateStore> {
             .get_or_init(|| storage_memory::MemoryStateStore::new(SystemClock))
             .clone(),
     )
+}
+
+/// Starts the keyed-state recovery sweep; cancel the token to stop it.
+fn start_recovery(
+    state: &StateRuntime,
+    timers: Timers,
+    delay: std::time::Duration,
+) -> CancellationToken {
+    let cancel = CancellationToken::new();
+    // Detached: it stops at the token, and every step of a sweep is idempotent.
+    drop(state.spawn_recovery(timers, delay, cancel.clone(), &Handle::current()));
+    cancel
 }
 
 /// `stateCollections` as definitions, validated.

@@ -103,14 +103,13 @@ impl AttemptContext {
     /// idempotent, so retrying the event is safe).
     pub async fn commit(&self) -> Result<(), StorageError> {
         self.end();
-        // State first, in one atomic batch: if it fails nothing of the attempt landed and the
-        // retry starts clean; timer writes are idempotent and follow.
-        if let Some(state) = &self.state {
-            state.commit().await?;
-        }
-        match &self.timers {
-            Some(timers) => timers.commit().await,
-            None => Ok(()),
+        // State in one atomic batch; with timer writes too, that batch journals them so the
+        // two land together (see `crate::state::journal`).
+        match (&self.state, &self.timers) {
+            (Some(state), Some(timers)) => state.commit_with(timers).await,
+            (Some(state), None) => state.commit().await,
+            (None, Some(timers)) => timers.commit().await,
+            (None, None) => Ok(()),
         }
     }
 

@@ -116,6 +116,22 @@ impl<H: EventHandler> HandlerService<H> {
 #[async_trait]
 impl<H: EventHandler> Service for HandlerService<H> {
     async fn call(&self, task: &Task) -> Verdict {
+        // A commit of this key that this process left half done (state landed, timers not)
+        // is finished first, so the attempt never sees half a commit.
+        if let (Some(state), Some(timers)) = (&self.state, &self.timers) {
+            let (topic, partition) = task.event.source();
+            if let Err(error) = state
+                .journal()
+                .finish_known(timers, topic, partition, task.event.key())
+                .await
+            {
+                return Err(Failure::new(
+                    FailureKind::Transient,
+                    format!("finishing an interrupted commit failed: {error}"),
+                    task.attempt,
+                ));
+            }
+        }
         let context = self.context(task);
         let answer = self.run(&task.event, &context).await;
         // A failed attempt's writes are dropped with the context (ending it first, so a

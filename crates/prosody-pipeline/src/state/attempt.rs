@@ -17,7 +17,9 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use super::StateRuntime;
 use super::definition::{Collection, Identity};
+use super::journal::Journal;
 use super::stage::Stage;
+use crate::timers::StagedTimers;
 
 /// The stages of an attempt, by collection name.
 pub(crate) type Stages = HashMap<Arc<str>, Stage>;
@@ -87,6 +89,31 @@ impl AttemptState {
             return Ok(());
         }
         self.shared.runtime.store().apply(&writes).await
+    }
+
+    /// Ends the attempt and commits its state and timer writes together: with both, the state
+    /// batch carries a journal entry of the timer writes, which are applied next and the entry
+    /// deleted (see [`super::journal`]).
+    ///
+    /// # Errors
+    /// The store's error. After the state batch landed, an error leaves the journal entry for
+    /// the key's next attempt or the recovery sweep to finish.
+    pub async fn commit_with(&self, timers: &StagedTimers) -> Result<(), StorageError> {
+        let mut writes = self.take_writes().await;
+        if writes.is_empty() {
+            return timers.commit().await;
+        }
+        let (topic, partition, key, pending) = timers.pending();
+        let store = self.shared.runtime.store();
+        if pending.is_empty() {
+            return store.apply(&writes).await;
+        }
+        let journal = self.shared.runtime.journal();
+        let entry = Journal::entry(topic, partition, key, pending);
+        writes.push(journal.record(&entry)?);
+        store.apply(&writes).await?;
+        timers.discard();
+        journal.finish(timers.runtime(), &entry).await
     }
 
     /// Stages a clear of every registered collection of the key: what `on_excise` needs.

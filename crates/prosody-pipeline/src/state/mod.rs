@@ -24,6 +24,7 @@
 mod attempt;
 pub mod definition;
 mod deque;
+pub mod journal;
 pub mod loader;
 mod map;
 mod message;
@@ -39,12 +40,19 @@ use prosody_api::context::{DequeState, KeyedStateContext, MapState, ValueState};
 use prosody_api::storage::{StateScope, StateStore};
 use prosody_api::{ConsumerGroup, ContextError, Key, Message, Subsystem};
 use serde_json::Value;
+use std::time::Duration;
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::timers::Timers;
 
 pub use attempt::AttemptState;
 pub use definition::{
     Collection, CollectionDefinition, CollectionKind, DefinitionError, Identity, PayloadKind,
     ReadCacheOption,
 };
+pub use journal::Journal;
 pub use loader::{KafkaMessageLoader, MessageLoader};
 pub use registry::RegistryError;
 
@@ -60,6 +68,7 @@ struct RuntimeInner {
     subsystem: Option<Subsystem>,
     collections: HashMap<String, Arc<Collection>>,
     loader: Option<Arc<dyn MessageLoader>>,
+    journal: Journal,
 }
 
 /// The keyed-state runtime of one subscription: the store, the registered collections and the
@@ -76,10 +85,12 @@ impl StateRuntime {
         group: impl Into<ConsumerGroup>,
         collections: impl IntoIterator<Item = Collection>,
     ) -> Self {
+        let group = group.into();
         Self {
             inner: Arc::new(RuntimeInner {
+                journal: Journal::new(store.clone(), &group),
                 store,
-                group: group.into(),
+                group,
                 subsystem: None,
                 collections: collections
                     .into_iter()
@@ -97,6 +108,7 @@ impl StateRuntime {
             subsystem: shared.subsystem.clone(),
             collections: shared.collections.clone(),
             loader: shared.loader.clone(),
+            journal: shared.journal.clone(),
         });
         change(&mut inner);
         Self {
@@ -123,6 +135,36 @@ impl StateRuntime {
     pub async fn register(&self) -> Result<(), RegistryError> {
         let collections: Vec<Arc<Collection>> = self.collections().collect();
         registry::register(self.inner.store.as_ref(), &self.inner.group, &collections).await
+    }
+
+    /// The commit journal of the group (see [`journal`]).
+    #[must_use]
+    pub fn journal(&self) -> &Journal {
+        &self.inner.journal
+    }
+
+    /// Runs the recovery sweep every `delay` until `cancel` fires: commits interrupted after
+    /// their state landed get their timer writes applied (see [`journal`]).
+    #[must_use = "the sweep stops when its token is cancelled; keep the handle to await it"]
+    pub fn spawn_recovery(
+        &self,
+        timers: Timers,
+        delay: Duration,
+        cancel: CancellationToken,
+        runtime: &Handle,
+    ) -> JoinHandle<()> {
+        let journal = self.inner.journal.clone();
+        runtime.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+                if let Err(error) = journal.sweep(&timers, delay).await {
+                    tracing::warn!(%error, "recovery sweep could not read the commit journal");
+                }
+            }
+        })
     }
 
     /// The state of one attempt on `key`.

@@ -26,8 +26,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use prosody_api::storage::StoredTimer;
 use prosody_api::{Key, SlabId, SlabSize, TimerKind, TimerTime};
 
-/// A write that landed in the store, mirrored into the queue.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A write that landed in the store, mirrored into the queue. Serializable so a commit
+/// journal can record the writes of an interrupted commit (see `crate::state::journal`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TimerWrite {
     /// The timer was added (upsert).
     Schedule(TimerKind, TimerTime),

@@ -96,6 +96,31 @@ impl StagedTimers {
         Ok(times.into_iter().collect())
     }
 
+    /// The writes a [`commit`](Self::commit) would apply, in its order (the fired timer's
+    /// removal first), and where: what a commit journal records so a commit interrupted after
+    /// its state landed can be finished by someone else.
+    #[must_use]
+    pub fn pending(&self) -> (Topic, Partition, Key, Vec<TimerWrite>) {
+        let mut writes: Vec<TimerWrite> = self
+            .fired
+            .iter()
+            .map(|fired| TimerWrite::Unschedule(fired.kind, fired.time))
+            .collect();
+        writes.extend(self.writes.lock().iter().cloned());
+        (self.topic.clone(), self.partition, self.key.clone(), writes)
+    }
+
+    /// The timers runtime the writes go to.
+    #[must_use]
+    pub fn runtime(&self) -> &Timers {
+        &self.timers
+    }
+
+    /// Forgets the staged writes: a commit journal entry carries them now.
+    pub fn discard(&self) {
+        self.writes.lock().clear();
+    }
+
     /// Applies the attempt's effects in order: the fired timer (if any) is removed, then the
     /// staged writes land; each is mirrored into the partition's timer manager once stored.
     /// Every write is idempotent, so after a failure the event can be retried from scratch.

@@ -42,7 +42,10 @@ impl Inner {
             record.id.as_str(),
             record.version.as_str(),
         );
-        let [high, low] = self.hashers.each_ref().map(|hasher| hasher.hash_one(fields));
+        let [high, low] = self
+            .hashers
+            .each_ref()
+            .map(|hasher| hasher.hash_one(fields));
         (u128::from(high) << 64) | u128::from(low)
     }
 }

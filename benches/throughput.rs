@@ -359,9 +359,9 @@ impl ThroughputSubject for CoreSubject {
             overrides: Vec::new(),
         };
         let poll = PollLoop::start(&settings, engine, &flow, runtime)?;
-        let handled = counts.all_handled(self.name()).await;
+        let outcome = counts.all_handled(self.name()).await;
         poll.stop().await;
-        handled?;
+        outcome?;
         counts.elapsed()
     }
 }

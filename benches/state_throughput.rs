@@ -20,7 +20,7 @@ use prosody::api::{
     EventContext, EventHandler, ExciseMessage, HandlerError, Key, Message, SlabSize, StorageError,
     Timer,
 };
-use prosody::config::{ClientOptions, Config, ProbePort};
+use prosody::config::{ClientOptions, Config, ProbePort, StorageBackend};
 use prosody::pipeline::state::{self, StateContextExt};
 use prosody::{AdminClient, ProsodyClient};
 use serde_json::{Value, json};
@@ -155,6 +155,10 @@ fn options(bootstrap: &str, topic: &str, group: &str) -> ClientOptions {
         source_system: Some(format!("{group}-sender")),
         subscribed_topics: Some(vec![topic.to_owned()]),
         probe_port: Some(ProbePort::Disabled),
+        // The stores are given to the client directly (`with_stores`); this only satisfies
+        // backend selection.
+        storage_backend: Some(StorageBackend::Memory),
+        telemetry_enabled: Some(false),
         send_timeout_ms: Some(Duration::from_secs(30)),
         ..ClientOptions::default()
     }

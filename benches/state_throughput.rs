@@ -175,13 +175,20 @@ fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
     sorted.get(index).copied().unwrap_or_default()
 }
 
-async fn run(bootstrap: &str, topic: &str, records: usize, stateful: bool) -> BenchResult<()> {
+async fn run(
+    bootstrap: &str,
+    topic: &str,
+    records: usize,
+    stateful: bool,
+    round: usize,
+) -> BenchResult<()> {
     let name = if stateful {
         "state_rocksdb"
     } else {
         "baseline_noop"
     };
-    let group = format!("{topic}-{name}");
+    // A fresh group per run: each consumes the whole topic.
+    let group = format!("{topic}-{name}-{round}");
     let rocks = storage_rocksdb::RocksStore::open_temporary(&storage_rocksdb::RocksOptions::new())?;
     let store = Arc::new(Timed {
         inner: Arc::new(rocks),
@@ -304,9 +311,9 @@ async fn main() -> BenchResult<()> {
     sender.shutdown().await?;
     println!("records: {records}, keys: {keys}, partitions: 8");
     // Baseline and state alternate so drift on the shared machine hits both.
-    for _ in 0..2 {
-        run(&bootstrap, &topic, records, false).await?;
-        run(&bootstrap, &topic, records, true).await?;
+    for round in 0..2 {
+        run(&bootstrap, &topic, records, false, round).await?;
+        run(&bootstrap, &topic, records, true, round).await?;
     }
     AdminClient::new(&bootstrap)?
         .delete_topic(&topic)

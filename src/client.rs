@@ -3,8 +3,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use prosody_api::storage::{DedupStore, TimerStore, Ttl};
-use prosody_api::{EventHandler, SlabSize, SystemClock};
+use prosody_api::storage::{DeferStore, PublishedStateView, StateStore, TimerStore, Ttl};
+use prosody_api::EventHandler;
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::HandlerService;
@@ -21,12 +21,12 @@ use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
 use prosody_pipeline::telemetry::{self, TelemetrySink, TraceInjector};
 use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
 use serde_json::Value;
-use storage_memory::MemoryTimerStore;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OnceCell};
-use tracing::{info, warn};
+use tracing::info;
 
-use crate::config::{ClientOptions, Config, Mode, SpanRelation, StorageBackend};
+use crate::backend::Backend;
+use crate::config::{ClientOptions, Config, Mode, SpanRelation};
 use crate::error::ClientError;
 
 /// Partitions of each subscribed topic that mock mode creates in its in-process cluster.
@@ -70,6 +70,7 @@ struct Inner {
     probe_address: parking_lot::Mutex<Option<SocketAddr>>,
     shutdown: OnceCell<()>,
     timer_store: Arc<dyn TimerStore>,
+    backend: Arc<Backend>,
     // Declared last so it is dropped after every client using it.
     _mock: Option<MockKafka>,
 }
@@ -93,15 +94,18 @@ impl ProsodyClient {
     /// Creates a client from a resolved configuration. In mock mode with no bootstrap servers
     /// it starts librdkafka's in-process mock cluster.
     ///
-    /// Timers are kept by the configured storage backend. With the memory backend (and in mock
-    /// mode) they live in this process only: a restart loses every pending timer, and another
-    /// client taking over a partition does not see them.
+    /// Every store (timers, deferred work, dedup, keyed state, published reads) comes from the
+    /// configured storage backend (see [`crate::backend`]). With the memory backend (and in
+    /// mock mode) they live in this process only: a restart loses every pending timer, and
+    /// another client taking over a partition does not see them.
     ///
     /// # Errors
-    /// When the producer cannot be created or the mock cluster cannot start.
+    /// When the storage backend cannot be opened, the producer cannot be created or the mock
+    /// cluster cannot start.
     pub async fn new(config: Config) -> Result<Self, ClientError> {
-        let timer_store = default_timer_store(&config);
-        Self::with_timer_store(config, timer_store).await
+        let backend = Backend::open(&config).await?;
+        let timer_store = backend.timers.clone();
+        Self::build(config, backend, timer_store)
     }
 
     /// Creates a client whose timers live in `timer_store` instead of the configured backend's.
@@ -111,12 +115,17 @@ impl ProsodyClient {
     ///
     /// # Errors
     /// As for [`ProsodyClient::new`].
-    #[allow(
-        clippy::unused_async,
-        reason = "the public contract is async: storage backends connect here"
-    )]
     pub async fn with_timer_store(
         config: Config,
+        timer_store: Arc<dyn TimerStore>,
+    ) -> Result<Self, ClientError> {
+        let backend = Backend::open(&config).await?;
+        Self::build(config, backend, timer_store)
+    }
+
+    fn build(
+        config: Config,
+        backend: Backend,
         timer_store: Arc<dyn TimerStore>,
     ) -> Result<Self, ClientError> {
         telemetry::init_tracing(&config.telemetry.log_filter);
@@ -162,6 +171,7 @@ impl ProsodyClient {
                 probe_address: parking_lot::Mutex::new(None),
                 shutdown: OnceCell::new(),
                 timer_store,
+                backend: Arc::new(backend),
                 _mock: mock,
             }),
         })
@@ -177,6 +187,24 @@ impl ProsodyClient {
     #[must_use]
     pub fn timer_store(&self) -> &Arc<dyn TimerStore> {
         &self.inner.timer_store
+    }
+
+    /// The keyed-state store of the configured backend (cached in front of Cassandra).
+    #[must_use]
+    pub fn state_store(&self) -> &Arc<dyn StateStore> {
+        &self.inner.backend.state
+    }
+
+    /// Read access to published collections of the configured backend.
+    #[must_use]
+    pub fn published_state(&self) -> &Arc<dyn PublishedStateView> {
+        &self.inner.backend.published
+    }
+
+    /// The deferred-work store of the configured backend.
+    #[must_use]
+    pub fn defer_store(&self) -> &Arc<dyn DeferStore> {
+        &self.inner.backend.defer
     }
 
     /// The bootstrap servers in use (the mock cluster's in mock mode).
@@ -295,6 +323,8 @@ impl ProsodyClient {
             Handle::current(),
             Some(timers),
         );
+        let backend = self.inner.backend.clone();
+        engine.on_revoked(Arc::new(move |_| backend.partitions_revoked()));
         let settings = PollSettings {
             bootstrap_servers: self.inner.bootstrap_servers.clone(),
             group_id: config.kafka.group_id.clone(),
@@ -490,7 +520,7 @@ impl ProsodyClient {
             timers: Some(timers.clone()),
             retry,
             dedup: DedupLayer {
-                store: dedup_store(config),
+                store: self.inner.backend.dedup.clone(),
                 cache_size: config.dedup.cache_size.get() as u64,
                 group_id: config.kafka.group_id.clone(),
                 version: config.dedup.version.clone(),
@@ -534,41 +564,8 @@ impl ProsodyClient {
     }
 }
 
-/// The durable tier of deduplication. Until the storage backends are wired into the client,
-/// every backend gets one in-memory store per process, so dedup holds across subscriptions
-/// and clients of the process (records are scoped by group, topic and partition) but not
-/// across restarts.
-fn dedup_store(_config: &Config) -> Arc<dyn DedupStore> {
-    static MEMORY: std::sync::OnceLock<storage_memory::MemoryDedupStore> =
-        std::sync::OnceLock::new();
-    Arc::new(
-        MEMORY
-            .get_or_init(|| storage_memory::MemoryDedupStore::new(SystemClock))
-            .clone(),
-    )
-}
-
 /// `idempotenceTtlS` as a store TTL; the configuration keeps it within 1 s ..= 20 years.
 fn dedup_ttl(ttl: std::time::Duration) -> Ttl {
     let secs = u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX).max(1);
     Ttl::from_secs(secs).unwrap_or(Ttl::new(std::num::NonZeroU32::MIN))
-}
-
-/// The timer store of the configured backend.
-fn default_timer_store(config: &Config) -> Arc<dyn TimerStore> {
-    // Validated at configuration time: a whole number of seconds, at least one.
-    let slab_size = u32::try_from(config.timers.slab_size.as_secs())
-        .ok()
-        .and_then(SlabSize::from_secs)
-        .unwrap_or_default();
-    if config.storage.backend != StorageBackend::Memory {
-        // Until the durable backends are wired into the client, say loudly that timers will
-        // not survive a restart rather than fail a configuration that is otherwise valid.
-        warn!(
-            backend = ?config.storage.backend,
-            "durable timer storage is not wired into the client yet: timers are kept in memory \
-             and are lost on restart"
-        );
-    }
-    Arc::new(MemoryTimerStore::new(slab_size))
 }

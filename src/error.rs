@@ -29,6 +29,9 @@ pub enum ClientError {
     /// `subscribe` on a client configured without topics.
     #[error("no topics to subscribe to: set subscribedTopics (PROSODY_SUBSCRIBED_TOPICS)")]
     NoTopics,
+    /// The storage backend could not be opened (a locked directory, an unreachable cluster).
+    #[error("storage: {0}")]
+    Storage(String),
     /// Any operation after `shutdown`.
     #[error("the client has been shut down")]
     ShutDown,
@@ -44,7 +47,7 @@ impl ClassifyError for ClientError {
     fn error_class(&self) -> ErrorClass {
         match self {
             Self::Producer(error) => error.error_class(),
-            Self::Kafka(_) | Self::Probes(_) => ErrorClass::Transient,
+            Self::Kafka(_) | Self::Probes(_) | Self::Storage(_) => ErrorClass::Transient,
             Self::Config(_)
             | Self::AlreadySubscribed
             | Self::NotSubscribed

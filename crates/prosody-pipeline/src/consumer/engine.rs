@@ -87,8 +87,14 @@ struct Slot {
     drained: Arc<Notify>,
 }
 
+/// Called with the partitions of each revocation once their handlers have drained: what a
+/// process caches for the keys it owns (the keyed-state cache) must be dropped there, since
+/// the next owner may change the data.
+pub type RevocationHook = Arc<dyn Fn(&[TopicPartition]) + Send + Sync>;
+
 struct Inner {
     state: Mutex<HashMap<TopicPartition, Slot>>,
+    revocation_hooks: Mutex<Vec<RevocationHook>>,
     generation: Mutex<u64>,
     dispatch: Arc<dyn Dispatch>,
     flow: Arc<dyn FlowControl>,
@@ -162,6 +168,7 @@ impl Engine {
         Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(HashMap::new()),
+                revocation_hooks: Mutex::new(Vec::new()),
                 generation: Mutex::new(0),
                 dispatch,
                 flow,
@@ -172,6 +179,11 @@ impl Engine {
                 timers,
             }),
         }
+    }
+
+    /// Registers `hook` to run after each revocation has drained (see [`RevocationHook`]).
+    pub fn on_revoked(&self, hook: RevocationHook) {
+        self.inner.revocation_hooks.lock().push(hook);
     }
 
     /// The timers runtime, when the engine has one.
@@ -372,19 +384,26 @@ impl Engine {
                 }
             }
         }
-        let mut state = self.inner.state.lock();
-        partitions
-            .iter()
-            .filter_map(|partition| {
-                let slot = state.remove(partition)?;
-                slot.work.cancel_token().cancel();
-                self.inner
-                    .health
-                    .partition_revoked(partition.topic.as_str(), partition.partition.0);
-                let offset = slot.work.committable()?;
-                Some((partition.clone(), offset))
-            })
-            .collect()
+        let offsets = {
+            let mut state = self.inner.state.lock();
+            partitions
+                .iter()
+                .filter_map(|partition| {
+                    let slot = state.remove(partition)?;
+                    slot.work.cancel_token().cancel();
+                    self.inner
+                        .health
+                        .partition_revoked(partition.topic.as_str(), partition.partition.0);
+                    let offset = slot.work.committable()?;
+                    Some((partition.clone(), offset))
+                })
+                .collect()
+        };
+        let hooks = self.inner.revocation_hooks.lock().clone();
+        for hook in hooks {
+            hook(partitions);
+        }
+        offsets
     }
 
     /// The partitions currently assigned.

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use prosody_api::storage::{DeferStore, PublishedStateView, StateStore, TimerStore, Ttl};
-use prosody_api::EventHandler;
+use prosody_api::{EventHandler, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::HandlerService;

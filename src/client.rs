@@ -70,7 +70,8 @@ struct Inner {
     probe_address: parking_lot::Mutex<Option<SocketAddr>>,
     shutdown: OnceCell<()>,
     timer_store: Arc<dyn TimerStore>,
-    backend: Arc<Backend>,
+    /// Taken (and closed) at shutdown: a temporary state-cache directory is removed then.
+    backend: parking_lot::RwLock<Option<Arc<Backend>>>,
     // Declared last so it is dropped after every client using it.
     _mock: Option<MockKafka>,
 }
@@ -171,7 +172,7 @@ impl ProsodyClient {
                 probe_address: parking_lot::Mutex::new(None),
                 shutdown: OnceCell::new(),
                 timer_store,
-                backend: Arc::new(backend),
+                backend: parking_lot::RwLock::new(Some(Arc::new(backend))),
                 _mock: mock,
             }),
         })
@@ -189,22 +190,28 @@ impl ProsodyClient {
         &self.inner.timer_store
     }
 
-    /// The keyed-state store of the configured backend (cached in front of Cassandra).
+    /// The keyed-state store of the configured backend (cached in front of Cassandra); `None`
+    /// after shutdown.
     #[must_use]
-    pub fn state_store(&self) -> &Arc<dyn StateStore> {
-        &self.inner.backend.state
+    pub fn state_store(&self) -> Option<Arc<dyn StateStore>> {
+        self.backend().map(|backend| backend.state.clone())
     }
 
-    /// Read access to published collections of the configured backend.
+    /// Read access to published collections of the configured backend; `None` after
+    /// shutdown.
     #[must_use]
-    pub fn published_state(&self) -> &Arc<dyn PublishedStateView> {
-        &self.inner.backend.published
+    pub fn published_state(&self) -> Option<Arc<dyn PublishedStateView>> {
+        self.backend().map(|backend| backend.published.clone())
     }
 
-    /// The deferred-work store of the configured backend.
+    /// The deferred-work store of the configured backend; `None` after shutdown.
     #[must_use]
-    pub fn defer_store(&self) -> &Arc<dyn DeferStore> {
-        &self.inner.backend.defer
+    pub fn defer_store(&self) -> Option<Arc<dyn DeferStore>> {
+        self.backend().map(|backend| backend.defer.clone())
+    }
+
+    fn backend(&self) -> Option<Arc<Backend>> {
+        self.inner.backend.read().clone()
     }
 
     /// The bootstrap servers in use (the mock cluster's in mock mode).
@@ -280,6 +287,8 @@ impl ProsodyClient {
         if config.consumer.subscribed_topics.is_empty() {
             return Err(ClientError::NoTopics);
         }
+        // Present while not shut down, which the lifecycle lock held here guarantees.
+        let backend = self.backend().ok_or(ClientError::ShutDown)?;
         let timers = Timers::new(
             self.inner.timer_store.clone(),
             config.kafka.group_id.clone(),
@@ -306,7 +315,7 @@ impl ProsodyClient {
             cache_size: config.scheduler.cache_size.get() as u64,
         }));
         let dispatch = Arc::new(StackDispatch::new(
-            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers),
+            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers, &backend),
             Arc::new(HandlerService::new(Arc::new(handler)).with_timers(timers.clone())),
         ));
         let flow = Arc::new(QueueFlowControl::default());
@@ -323,8 +332,13 @@ impl ProsodyClient {
             Handle::current(),
             Some(timers),
         );
-        let backend = self.inner.backend.clone();
-        engine.on_revoked(Arc::new(move |_| backend.partitions_revoked()));
+        // Weak: the engine must not keep the backend open past shutdown.
+        let revoked = Arc::downgrade(&backend);
+        engine.on_revoked(Arc::new(move |_| {
+            if let Some(backend) = revoked.upgrade() {
+                backend.partitions_revoked();
+            }
+        }));
         let settings = PollSettings {
             bootstrap_servers: self.inner.bootstrap_servers.clone(),
             group_id: config.kafka.group_id.clone(),
@@ -400,6 +414,9 @@ impl ProsodyClient {
                 {
                     self.stop(subscription).await;
                 }
+                // Closes the stores this client opened (unless a caller still holds one): the
+                // recovery sweep stops and a temporary state-cache directory is removed.
+                drop(self.inner.backend.write().take());
                 info!("prosody client shut down");
             })
             .await;
@@ -487,6 +504,7 @@ impl ProsodyClient {
         scheduler: Arc<FairScheduler>,
         telemetry: Option<TelemetrySink>,
         timers: &Timers,
+        backend: &Backend,
     ) -> StackSettings {
         let config = &self.inner.config;
         let retry = RetryPolicy {
@@ -520,7 +538,7 @@ impl ProsodyClient {
             timers: Some(timers.clone()),
             retry,
             dedup: DedupLayer {
-                store: self.inner.backend.dedup.clone(),
+                store: backend.dedup.clone(),
                 cache_size: config.dedup.cache_size.get() as u64,
                 group_id: config.kafka.group_id.clone(),
                 version: config.dedup.version.clone(),

@@ -200,6 +200,12 @@ impl fmt::Debug for CachedStateStore {
     }
 }
 
+/// A read's answer from the cache: unknown (ask the durable store), or known present or absent.
+enum Cached<T> {
+    Unknown,
+    Known(Option<T>),
+}
+
 /// What the cache knows about one point.
 enum Known<'a> {
     /// Nothing (never learnt, forgotten, or expired in the cache's judgement).
@@ -252,12 +258,12 @@ impl Inner {
         }
     }
 
-    fn json(operation: &'static str, known: Known<'_>) -> Result<Option<Option<Value>>, StorageError> {
+    fn json(operation: &'static str, known: Known<'_>) -> Result<Cached<Value>, StorageError> {
         match known {
-            Known::Unknown => Ok(None),
-            Known::Absent => Ok(Some(None)),
+            Known::Unknown => Ok(Cached::Unknown),
+            Known::Absent => Ok(Cached::Known(None)),
             Known::Present(payload) => serde_json::from_slice(payload)
-                .map(|value| Some(Some(value)))
+                .map(|value| Cached::Known(Some(value)))
                 .map_err(|error| corrupt(operation, error)),
         }
     }
@@ -291,7 +297,10 @@ impl Inner {
                 } => {
                     let bounds = match capacity {
                         Some(capacity) if bounds.len() > u64::from(capacity.get()) => {
-                            DequeBounds::new(bounds.tail - i64::from(capacity.get()), bounds.tail)
+                            DequeBounds::new(
+                                bounds.tail.saturating_sub(i64::from(capacity.get())),
+                                bounds.tail,
+                            )
                         }
                         _ => *bounds,
                     };
@@ -387,8 +396,8 @@ impl StateStore for CachedStateStore {
             .inner
             .lookup(OP, cell.value().as_bytes(), |known| Inner::json(OP, known))?;
         match known {
-            Some(value) => Ok(value),
-            None => self.inner.durable.get_value(scope, key).await,
+            Cached::Known(value) => Ok(value),
+            Cached::Unknown => self.inner.durable.get_value(scope, key).await,
         }
     }
 
@@ -408,10 +417,13 @@ impl StateStore for CachedStateStore {
                 .lookup(OP, cell.map_entry(entry).as_bytes(), |known| {
                     Inner::json(OP, known)
                 })?;
-            if known.is_none() {
-                missing.push(index);
+            match known {
+                Cached::Known(value) => found.push(value),
+                Cached::Unknown => {
+                    missing.push(index);
+                    found.push(None);
+                }
             }
-            found.push(known.flatten());
         }
         if !missing.is_empty() {
             let asked: Vec<String> = missing.iter().map(|&index| entries[index].clone()).collect();
@@ -439,8 +451,8 @@ impl StateStore for CachedStateStore {
     ) -> Result<Option<DequeBounds>, StorageError> {
         const OP: &str = "state_cache.get_deque_bounds";
         match self.cached_bounds(OP, &Cell::new(scope, key))? {
-            Some(bounds) => Ok(bounds),
-            None => self.inner.durable.get_deque_bounds(scope, key).await,
+            Cached::Known(bounds) => Ok(bounds),
+            Cached::Unknown => self.inner.durable.get_deque_bounds(scope, key).await,
         }
     }
 
@@ -452,11 +464,12 @@ impl StateStore for CachedStateStore {
     ) -> Result<Vec<Option<Value>>, StorageError> {
         const OP: &str = "state_cache.get_deque_items";
         let cell = Cell::new(scope, key);
-        let Some(bounds) = self.cached_bounds(OP, &cell)? else {
-            return self.inner.durable.get_deque_items(scope, key, positions).await;
-        };
-        let Some(bounds) = bounds else {
-            return Ok(vec![None; positions.len()]);
+        let bounds = match self.cached_bounds(OP, &cell)? {
+            Cached::Unknown => {
+                return self.inner.durable.get_deque_items(scope, key, positions).await;
+            }
+            Cached::Known(None) => return Ok(vec![None; positions.len()]),
+            Cached::Known(Some(bounds)) => bounds,
         };
         let mut found = Vec::with_capacity(positions.len());
         let mut missing = Vec::new();
@@ -470,10 +483,13 @@ impl StateStore for CachedStateStore {
                 .lookup(OP, cell.item(position).as_bytes(), |known| {
                     Inner::json(OP, known)
                 })?;
-            if known.is_none() {
-                missing.push(index);
+            match known {
+                Cached::Known(value) => found.push(value),
+                Cached::Unknown => {
+                    missing.push(index);
+                    found.push(None);
+                }
             }
-            found.push(known.flatten());
         }
         if !missing.is_empty() {
             let asked: Vec<i64> = missing.iter().map(|&index| positions[index]).collect();
@@ -528,20 +544,20 @@ impl StateStore for CachedStateStore {
 }
 
 impl CachedStateStore {
-    /// The cached bounds: `None` when unknown, `Some(None)` when known absent.
+    /// The cached bounds of the deque of `cell`.
     fn cached_bounds(
         &self,
         operation: &'static str,
         cell: &Cell,
-    ) -> Result<Option<Option<DequeBounds>>, StorageError> {
+    ) -> Result<Cached<DequeBounds>, StorageError> {
         self.inner
             .lookup(operation, cell.bounds().as_bytes(), |known| match known {
-                Known::Unknown => Ok(None),
-                Known::Absent => Ok(Some(None)),
+                Known::Unknown => Ok(Cached::Unknown),
+                Known::Absent => Ok(Cached::Known(None)),
                 Known::Present(payload) => {
-                    // `decode_bounds` reads the whole stored value; rebuild it from the payload.
+                    // `decode_bounds` reads a whole stored value; rebuild it from the payload.
                     let stored = ttl::encode(ttl::NEVER, payload);
-                    decode_bounds(operation, &stored, 0).map(Some)
+                    decode_bounds(operation, &stored, 0).map(Cached::Known)
                 }
             })
     }

@@ -68,7 +68,10 @@ async fn bench(name: &str, store: &dyn StateStore, gets: usize, commits: usize) 
         .map(|index| Key::new(format!("key-{index}")))
         .collect();
     for (round, key) in keys.iter().enumerate() {
-        store.apply(&commit(&scope, key, round)).await.expect("seed");
+        store
+            .apply(&commit(&scope, key, round))
+            .await
+            .expect("seed");
     }
     let mut samples = Vec::with_capacity(gets);
     for index in 0..gets {

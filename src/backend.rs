@@ -15,14 +15,10 @@
 
 use std::sync::Arc;
 
-use prosody_api::storage::{
-    DedupStore, DeferStore, PublishedStateView, StateStore, TimerStore,
-};
+use prosody_api::storage::{DedupStore, DeferStore, PublishedStateView, StateStore, TimerStore};
 use prosody_api::{SlabSize, SystemClock};
 use storage_cassandra::{CassandraStore, Password};
-use storage_memory::{
-    MemoryDedupStore, MemoryDeferStore, MemoryStateStore, MemoryTimerStore,
-};
+use storage_memory::{MemoryDedupStore, MemoryDeferStore, MemoryStateStore, MemoryTimerStore};
 use storage_rocksdb::{CachedStateStore, RocksOptions, RocksStore};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};

@@ -39,7 +39,9 @@ async fn rocksdb_is_one_locked_directory_per_client() {
         state_cache_dir: Some(dir.path().to_path_buf()),
         ..options(&common::unique_name("rocks_select"))
     };
-    let first = ProsodyClient::from_options(rocks()).await.expect("first client");
+    let first = ProsodyClient::from_options(rocks())
+        .await
+        .expect("first client");
     let state = first.state_store().unwrap();
     assert!(format!("{state:?}").starts_with("RocksStore"), "{state:?}");
     let error = ProsodyClient::from_options(rocks())
@@ -48,9 +50,15 @@ async fn rocksdb_is_one_locked_directory_per_client() {
         .expect("a second client on the directory fails");
     assert!(matches!(error, ClientError::Storage(_)), "{error:?}");
     let message = error.to_string();
-    assert!(message.contains(&dir.path().display().to_string()), "{message}");
+    assert!(
+        message.contains(&dir.path().display().to_string()),
+        "{message}"
+    );
     assert!(message.contains("locked"), "{message}");
-    assert!(message.contains(&format!("pid {}", std::process::id())), "{message}");
+    assert!(
+        message.contains(&format!("pid {}", std::process::id())),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -64,14 +72,21 @@ async fn cassandra_nodes_select_cassandra_with_a_temporary_cache_removed_at_shut
     .expect("client");
     assert_eq!(client.config().storage.backend, StorageBackend::Cassandra);
     let state = client.state_store().unwrap();
-    assert!(format!("{state:?}").starts_with("CachedStateStore"), "{state:?}");
+    assert!(
+        format!("{state:?}").starts_with("CachedStateStore"),
+        "{state:?}"
+    );
     let cache_dir = debug_dir(&state);
     assert!(cache_dir.is_dir(), "{}", cache_dir.display());
     assert!(format!("{:?}", client.timer_store()).starts_with("CassandraStore"));
     drop(state);
 
     client.shutdown().await.unwrap();
-    assert!(!cache_dir.exists(), "{} outlived shutdown", cache_dir.display());
+    assert!(
+        !cache_dir.exists(),
+        "{} outlived shutdown",
+        cache_dir.display()
+    );
     assert!(client.state_store().is_none());
 }
 

@@ -71,9 +71,13 @@ fn put(scope: &StateScope, key: &Key, value: serde_json::Value) -> Vec<StateWrit
 async fn a_revoked_partitions_cached_state_is_not_served_after_another_client_changed_it() {
     let open = || async {
         let store = CassandraStore::connect(&config()).await.expect("connect");
-        let cache =
-            CachedStateStore::open(None, Arc::new(store.clone()), CAPACITY, Arc::new(SystemClock))
-                .expect("cache");
+        let cache = CachedStateStore::open(
+            None,
+            Arc::new(store.clone()),
+            CAPACITY,
+            Arc::new(SystemClock),
+        )
+        .expect("cache");
         (store, cache)
     };
     let (durable, first) = open().await;
@@ -82,7 +86,10 @@ async fn a_revoked_partitions_cached_state_is_not_served_after_another_client_ch
     let key = Key::from("moved-key");
     first.apply(&put(&scope, &key, json!(1))).await.unwrap();
     // Not revoked: the first client serves its cache even though Cassandra changed.
-    durable.apply(&put(&scope, &key, json!("behind"))).await.unwrap();
+    durable
+        .apply(&put(&scope, &key, json!("behind")))
+        .await
+        .unwrap();
     assert_eq!(first.get_value(&scope, &key).await.unwrap(), Some(json!(1)));
 
     first.invalidate().expect("revocation drops the cache");

@@ -32,9 +32,9 @@ use prosody::api::{
     EventContext, EventHandler, ExciseMessage, HandlerError, Key, Message, Partition, SlabId,
     SlabSize, Timer, TimerKind, TimerTime,
 };
+use prosody::config::StorageBackend;
 use prosody::config::{ClientOptions, Config};
 use serde_json::{Value, json};
-use prosody::config::StorageBackend;
 use storage_memory::MemoryTimerStore;
 use storage_rocksdb::{RocksOptions, RocksStore};
 use tokio::sync::watch;
@@ -464,7 +464,9 @@ async fn pending_timers_fire_after_a_restart_on_a_store_that_outlives_the_client
         "the first client ended before any timer was due"
     );
     assert_eq!(seen.fired_count(), 0);
-    let store = shared.clone().unwrap_or_else(|| first.timer_store().clone());
+    let store = shared
+        .clone()
+        .unwrap_or_else(|| first.timer_store().clone());
     assert_eq!(
         remaining(&store, &group, &topic, 2).await,
         usize::try_from(KEYS).unwrap()

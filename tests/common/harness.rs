@@ -249,9 +249,9 @@ pub fn storage_backend() -> StorageBackend {
         Err(_) | Ok("" | "memory") => StorageBackend::Memory,
         Ok("rocksdb") => StorageBackend::RocksDb,
         Ok("cassandra") => StorageBackend::Cassandra,
-        Ok(other) => panic!(
-            "PROSODY_TEST_STORAGE_BACKEND={other}: expected memory, rocksdb or cassandra"
-        ),
+        Ok(other) => {
+            panic!("PROSODY_TEST_STORAGE_BACKEND={other}: expected memory, rocksdb or cassandra")
+        }
     }
 }
 
@@ -283,7 +283,8 @@ pub fn with_storage(options: ClientOptions, group: &str) -> ClientOptions {
 /// The first `<tmp>/prosody-tests/<group>-<n>` whose lock no live store holds.
 fn free_rocksdb_dir(group: &str) -> PathBuf {
     let root = std::env::temp_dir().join("prosody-tests");
-    (0..)
+    // More slots than clients any test runs at once.
+    (0..64)
         .map(|slot| root.join(format!("{group}-{slot}")))
         .find(|dir| {
             std::fs::create_dir_all(dir).expect("test directory");

@@ -43,9 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use prosody_api::storage::{
-    DequeBounds, ScanRequest, StateOp, StateScope, StateStore, StateWrite,
-};
+use prosody_api::storage::{DequeBounds, ScanRequest, StateOp, StateScope, StateStore, StateWrite};
 use prosody_api::{Clock, Key, StorageError, StorageErrorKind};
 use rocksdb::{BlockBasedOptions, Cache, DB, Options, WriteBatch, WriteOptions};
 use serde_json::Value;
@@ -106,19 +104,18 @@ impl CachedStateStore {
         capacity_bytes: u64,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, OpenError> {
-        let (dir, temporary) = match dir {
-            Some(dir) => (dir.to_path_buf(), None),
-            None => {
-                let temporary = tempfile::Builder::new()
-                    .prefix("prosody-state-cache-")
-                    .tempdir()
-                    .map_err(|source| OpenError::Io {
-                        dir: std::env::temp_dir(),
-                        action: "create a temporary directory",
-                        source,
-                    })?;
-                (temporary.path().to_path_buf(), Some(temporary))
-            }
+        let (dir, temporary) = if let Some(dir) = dir {
+            (dir.to_path_buf(), None)
+        } else {
+            let temporary = tempfile::Builder::new()
+                .prefix("prosody-state-cache-")
+                .tempdir()
+                .map_err(|source| OpenError::Io {
+                    dir: std::env::temp_dir(),
+                    action: "create a temporary directory",
+                    source,
+                })?;
+            (temporary.path().to_path_buf(), Some(temporary))
         };
         std::fs::create_dir_all(&dir).map_err(|source| OpenError::Io {
             dir: dir.clone(),
@@ -142,7 +139,8 @@ impl CachedStateStore {
         let mut options = Options::default();
         options.create_if_missing(true);
         let mut table = BlockBasedOptions::default();
-        let block_cache = usize::try_from(capacity_bytes.min(MAX_BLOCK_CACHE)).unwrap_or(usize::MAX);
+        let block_cache =
+            usize::try_from(capacity_bytes.min(MAX_BLOCK_CACHE)).unwrap_or(usize::MAX);
         table.set_block_cache(&Cache::new_lru_cache(block_cache));
         options.set_block_based_table_factory(&table);
         let db = DB::open(&options, &db_dir).map_err(|source| OpenError::Rocks {
@@ -207,6 +205,7 @@ enum Cached<T> {
 }
 
 /// What the cache knows about one point.
+#[derive(Clone, Copy)]
 enum Known<'a> {
     /// Nothing (never learnt, forgotten, or expired in the cache's judgement).
     Unknown,
@@ -277,7 +276,10 @@ impl Inner {
             let cell = Cell::new(&write.scope, &write.key);
             match &write.op {
                 StateOp::PutValue { value, ttl } => {
-                    batch.put(cell.value().as_bytes(), present_json(OP, value, expiry_at(*ttl, now))?);
+                    batch.put(
+                        cell.value().as_bytes(),
+                        present_json(OP, value, expiry_at(*ttl, now))?,
+                    );
                 }
                 StateOp::DeleteValue => batch.put(cell.value().as_bytes(), ABSENT),
                 StateOp::PutMapEntry {
@@ -346,7 +348,11 @@ impl Inner {
         generation: u64,
     ) -> Result<(), StorageError> {
         let size = u64::try_from(batch.size_in_bytes()).unwrap_or(u64::MAX);
-        if self.bytes.fetch_add(size, Ordering::SeqCst).saturating_add(size) > self.capacity_bytes
+        if self
+            .bytes
+            .fetch_add(size, Ordering::SeqCst)
+            .saturating_add(size)
+            > self.capacity_bytes
         {
             // Bounded by dropping everything: cheap, and the cache relearns from commits.
             return self.wipe();
@@ -426,8 +432,15 @@ impl StateStore for CachedStateStore {
             }
         }
         if !missing.is_empty() {
-            let asked: Vec<String> = missing.iter().map(|&index| entries[index].clone()).collect();
-            let read = self.inner.durable.get_map_entries(scope, key, &asked).await?;
+            let asked: Vec<String> = missing
+                .iter()
+                .map(|&index| entries[index].clone())
+                .collect();
+            let read = self
+                .inner
+                .durable
+                .get_map_entries(scope, key, &asked)
+                .await?;
             for (index, value) in missing.into_iter().zip(read) {
                 found[index] = value;
             }
@@ -466,7 +479,11 @@ impl StateStore for CachedStateStore {
         let cell = Cell::new(scope, key);
         let bounds = match self.cached_bounds(OP, &cell)? {
             Cached::Unknown => {
-                return self.inner.durable.get_deque_items(scope, key, positions).await;
+                return self
+                    .inner
+                    .durable
+                    .get_deque_items(scope, key, positions)
+                    .await;
             }
             Cached::Known(None) => return Ok(vec![None; positions.len()]),
             Cached::Known(Some(bounds)) => bounds,
@@ -493,7 +510,11 @@ impl StateStore for CachedStateStore {
         }
         if !missing.is_empty() {
             let asked: Vec<i64> = missing.iter().map(|&index| positions[index]).collect();
-            let read = self.inner.durable.get_deque_items(scope, key, &asked).await?;
+            let read = self
+                .inner
+                .durable
+                .get_deque_items(scope, key, &asked)
+                .await?;
             for (index, value) in missing.into_iter().zip(read) {
                 found[index] = value;
             }

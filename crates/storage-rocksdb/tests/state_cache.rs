@@ -63,13 +63,19 @@ async fn a_revoked_partitions_cached_state_is_not_served_after_another_owner_cha
 
     // Without a revocation the first client serves what it cached, whatever the durable store
     // holds: that is what the revocation must prevent (and shows the cache is hit).
-    durable.apply(&put(&scope, &key, json!("behind"))).await.unwrap();
+    durable
+        .apply(&put(&scope, &key, json!("behind")))
+        .await
+        .unwrap();
     assert_eq!(first.get_value(&scope, &key).await.unwrap(), Some(json!(1)));
     first.apply(&put(&scope, &key, json!(1))).await.unwrap();
 
     first.invalidate().expect("revocation drops the cache");
     second.apply(&put(&scope, &key, json!(2))).await.unwrap();
-    second.apply(&entry(&scope, &key, json!("b"))).await.unwrap();
+    second
+        .apply(&entry(&scope, &key, json!("b")))
+        .await
+        .unwrap();
 
     assert_eq!(first.get_value(&scope, &key).await.unwrap(), Some(json!(2)));
     assert_eq!(
@@ -79,7 +85,10 @@ async fn a_revoked_partitions_cached_state_is_not_served_after_another_owner_cha
             .unwrap(),
         vec![Some(json!("b"))]
     );
-    assert_eq!(second.get_value(&scope, &key).await.unwrap(), Some(json!(2)));
+    assert_eq!(
+        second.get_value(&scope, &key).await.unwrap(),
+        Some(json!(2))
+    );
 }
 
 /// A cache opened on a directory another live cache holds fails naming the directory.
@@ -87,9 +96,13 @@ async fn a_revoked_partitions_cached_state_is_not_served_after_another_owner_cha
 fn a_second_cache_on_one_directory_fails_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let durable: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(SystemClock));
-    let _first =
-        CachedStateStore::open(Some(dir.path()), durable.clone(), CAPACITY, Arc::new(SystemClock))
-            .unwrap();
+    let _first = CachedStateStore::open(
+        Some(dir.path()),
+        durable.clone(),
+        CAPACITY,
+        Arc::new(SystemClock),
+    )
+    .unwrap();
     let error = CachedStateStore::open(Some(dir.path()), durable, CAPACITY, Arc::new(SystemClock))
         .unwrap_err()
         .to_string();
@@ -106,6 +119,9 @@ async fn past_its_capacity_the_cache_stays_correct() {
     for round in 0..200 {
         let key = Key::new(format!("key-{}", round % 20));
         cache.apply(&put(&scope, &key, json!(round))).await.unwrap();
-        assert_eq!(cache.get_value(&scope, &key).await.unwrap(), Some(json!(round)));
+        assert_eq!(
+            cache.get_value(&scope, &key).await.unwrap(),
+            Some(json!(round))
+        );
     }
 }

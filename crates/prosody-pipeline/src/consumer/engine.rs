@@ -780,4 +780,31 @@ mod tests {
         );
         assert_eq!(engine.assigned_partition_count(), 0);
     }
+
+    #[tokio::test]
+    async fn revocation_hooks_run_after_the_drain_with_the_revoked_partitions() {
+        let recorder = Arc::new(Recorder {
+            wait_for_cancel: true,
+            ..Recorder::default()
+        });
+        let flow = Arc::new(RecordingFlow::default());
+        let engine = engine(recorder.clone(), flow, 4, 16, Duration::from_millis(200));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook_seen = seen.clone();
+        let hook_recorder = recorder.clone();
+        engine.on_revoked(Arc::new(move |partitions: &[TopicPartition]| {
+            // Runs once nothing of the revoked partitions runs any more.
+            hook_seen.lock().push((
+                partitions.to_vec(),
+                hook_recorder.running.load(Ordering::SeqCst),
+            ));
+        }));
+        let partition = TopicPartition::new("t", 3);
+        engine.assign([partition.clone()]);
+        engine.offer(&partition, event("a", 0));
+        until(|| recorder.running.load(Ordering::SeqCst) == 1).await;
+        assert!(seen.lock().is_empty());
+        engine.revoke(std::slice::from_ref(&partition)).await;
+        assert_eq!(*seen.lock(), vec![(vec![partition], 0)]);
+    }
 }

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use prosody_api::storage::{DedupStore, TimerStore, Ttl};
+use prosody_api::storage::{DedupStore, DeferStore, TimerStore, Ttl};
 use prosody_api::{EventHandler, SlabSize, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
@@ -11,8 +11,13 @@ use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::kafka::decode::DecodeLimits;
 use prosody_pipeline::kafka::mock::MockKafka;
 use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
+use prosody_pipeline::kafka::loader::{LoaderSettings, MessageLoader};
 use prosody_pipeline::middleware::dedup::DedupLayer;
+use prosody_pipeline::middleware::defer::{DeferLayer, DeferSettings, DeferSnapshot, DeferStatus};
 use prosody_pipeline::middleware::failure_policy::Destination;
+use prosody_pipeline::middleware::monopolization::{
+    MonopolizationLayer, MonopolizationSettings, MonopolizationStatus,
+};
 use prosody_pipeline::middleware::retry::RetryPolicy;
 use prosody_pipeline::middleware::telemetry::TelemetryLayer;
 use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
@@ -70,6 +75,8 @@ struct Inner {
     probe_address: parking_lot::Mutex<Option<SocketAddr>>,
     shutdown: OnceCell<()>,
     timer_store: Arc<dyn TimerStore>,
+    /// The defer and monopolization layers' state while subscribed in pipeline mode.
+    quality: parking_lot::Mutex<Option<(Option<DeferStatus>, Option<MonopolizationStatus>)>>,
     // Declared last so it is dropped after every client using it.
     _mock: Option<MockKafka>,
 }
@@ -162,6 +169,7 @@ impl ProsodyClient {
                 probe_address: parking_lot::Mutex::new(None),
                 shutdown: OnceCell::new(),
                 timer_store,
+                quality: parking_lot::Mutex::new(None),
                 _mock: mock,
             }),
         })
@@ -277,8 +285,12 @@ impl ProsodyClient {
             wait_weight: config.scheduler.wait_weight,
             cache_size: config.scheduler.cache_size.get() as u64,
         }));
+        let mut stack = self.stack_settings(scheduler.clone(), telemetry.clone(), &timers);
+        if stack.mode == ModePolicy::Pipeline {
+            self.pipeline_layers(&mut stack, &timers)?;
+        }
         let dispatch = Arc::new(StackDispatch::new(
-            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers),
+            stack,
             Arc::new(HandlerService::new(Arc::new(handler)).with_timers(timers.clone())),
         ));
         let flow = Arc::new(QueueFlowControl::default());
@@ -445,6 +457,7 @@ impl ProsodyClient {
             probes.stop().await;
         }
         *self.inner.engine.lock() = None;
+        *self.inner.quality.lock() = None;
         *self.inner.probe_address.lock() = None;
         self.inner.health.clear();
         info!("unsubscribed");
@@ -510,6 +523,80 @@ impl ProsodyClient {
         }
     }
 
+    /// Adds the pipeline mode's defer and monopolization layers (each when enabled) to `stack`.
+    fn pipeline_layers(&self, stack: &mut StackSettings, timers: &Timers) -> Result<(), ClientError> {
+        let config = &self.inner.config;
+        let mut defer_status = None;
+        if config.defer.enabled {
+            let loader = MessageLoader::start(LoaderSettings {
+                bootstrap_servers: self.inner.bootstrap_servers.clone(),
+                client_id: config.kafka.group_id.clone(),
+                cache_size: config.defer.loader.cache_size.get() as u64,
+                seek_timeout: config.defer.loader.seek_timeout,
+                discard_threshold: config.defer.loader.discard_threshold,
+                decode: DecodeLimits::default(),
+                overrides: Vec::new(),
+            })
+            .map_err(ClientError::kafka)?;
+            let settings = DeferSettings {
+                base: config.defer.base,
+                max_delay: config.defer.max_delay,
+                failure_threshold: config.defer.failure_threshold,
+                failure_window: config.defer.failure_window,
+                min_samples: DEFER_MIN_SAMPLES,
+                cache_size: config.defer.store_cache_size.get() as u64,
+            };
+            let status = DeferStatus::new(&settings);
+            defer_status = Some(status.clone());
+            stack.defer = Some(Box::new(DeferLayer {
+                settings,
+                store: defer_store(config),
+                timers: timers.clone(),
+                loader: Arc::new(loader),
+                status,
+            }));
+        }
+        let mut monopolization_status = None;
+        if config.monopolization.enabled {
+            let status = MonopolizationStatus::default();
+            monopolization_status = Some(status.clone());
+            stack.monopolization = Some(Box::new(MonopolizationLayer {
+                settings: MonopolizationSettings {
+                    threshold: config.monopolization.threshold,
+                    window: config.monopolization.window,
+                    cache_size: config.monopolization.cache_size.get() as u64,
+                },
+                status,
+            }));
+        }
+        *self.inner.quality.lock() = Some((defer_status, monopolization_status));
+        Ok(())
+    }
+
+    /// The defer layer's state (is deferral on, the failure rate, counters) while subscribed
+    /// in pipeline mode with `deferEnabled`; `None` otherwise.
+    #[must_use]
+    pub fn defer_status(&self) -> Option<DeferSnapshot> {
+        self.inner
+            .quality
+            .lock()
+            .as_ref()
+            .and_then(|(defer, _)| defer.as_ref().map(DeferStatus::snapshot))
+    }
+
+    /// Events the monopolization layer rejected so far in this subscription; `None` when it is
+    /// not in the stack.
+    #[must_use]
+    pub fn monopolization_rejections(&self) -> Option<u64> {
+        self.inner
+            .quality
+            .lock()
+            .as_ref()
+            .and_then(|(_, monopolization)| {
+                monopolization.as_ref().map(MonopolizationStatus::rejected)
+            })
+    }
+
     /// Sends the lifecycle events queued so far to the telemetry topic and exports the spans
     /// buffered so far.
     pub async fn flush_telemetry(&self) {
@@ -544,6 +631,23 @@ fn dedup_store(_config: &Config) -> Arc<dyn DedupStore> {
     Arc::new(
         MEMORY
             .get_or_init(|| storage_memory::MemoryDedupStore::new(SystemClock))
+            .clone(),
+    )
+}
+
+/// Outcomes the failure-rate window must hold before it can switch deferral off.
+const DEFER_MIN_SAMPLES: u64 = 20;
+
+/// Where deferred work is kept. As for dedup, until the storage backends are wired into the
+/// client every backend gets one in-memory store per process: deferred work holds across
+/// subscriptions and clients of the process (scoped by group, topic and partition; a new
+/// owner reschedules a missing retry timer) but not across restarts.
+fn defer_store(_config: &Config) -> Arc<dyn DeferStore> {
+    static MEMORY: std::sync::OnceLock<storage_memory::MemoryDeferStore> =
+        std::sync::OnceLock::new();
+    Arc::new(
+        MEMORY
+            .get_or_init(storage_memory::MemoryDeferStore::new)
             .clone(),
     )
 }

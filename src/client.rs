@@ -9,9 +9,9 @@ use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowCon
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::kafka::decode::DecodeLimits;
+use prosody_pipeline::kafka::loader::{LoaderSettings, MessageLoader};
 use prosody_pipeline::kafka::mock::MockKafka;
 use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
-use prosody_pipeline::kafka::loader::{LoaderSettings, MessageLoader};
 use prosody_pipeline::middleware::dedup::DedupLayer;
 use prosody_pipeline::middleware::defer::{DeferLayer, DeferSettings, DeferSnapshot, DeferStatus};
 use prosody_pipeline::middleware::failure_policy::Destination;
@@ -524,7 +524,11 @@ impl ProsodyClient {
     }
 
     /// Adds the pipeline mode's defer and monopolization layers (each when enabled) to `stack`.
-    fn pipeline_layers(&self, stack: &mut StackSettings, timers: &Timers) -> Result<(), ClientError> {
+    fn pipeline_layers(
+        &self,
+        stack: &mut StackSettings,
+        timers: &Timers,
+    ) -> Result<(), ClientError> {
         let config = &self.inner.config;
         let mut defer_status = None;
         if config.defer.enabled {

@@ -101,7 +101,9 @@ impl EventHandler for Handler {
             tokio::time::sleep(Duration::from_millis(millis)).await;
         }
         if field("fail_times").is_some_and(|times| u64::from(attempt) <= times) {
-            return Err(HandlerError::transient(format!("scripted failure {attempt}")));
+            return Err(HandlerError::transient(format!(
+                "scripted failure {attempt}"
+            )));
         }
         if message.payload.get("flaky") == Some(&json!(true))
             && state.failing.load(Ordering::SeqCst)
@@ -248,11 +250,18 @@ async fn a_failing_key_is_deferred_while_other_keys_flow_and_keeps_its_order() {
         .unwrap();
     let status = client.defer_status().expect("defer layer present");
     assert!(status.deferring);
-    assert_eq!(status.deferred, 5, "the failure and the 4 records behind it");
+    assert_eq!(
+        status.deferred, 5,
+        "the failure and the 4 records behind it"
+    );
 
     state.wait_for(total, Duration::from_secs(90)).await;
     let failing = state.done_of("failing");
-    assert_eq!(in_order(&failing), [0, 1, 2, 3, 4], "the failing key kept its order");
+    assert_eq!(
+        in_order(&failing),
+        [0, 1, 2, 3, 4],
+        "the failing key kept its order"
+    );
     assert_eq!(state.attempts("failing", 0), 6, "5 failures, then success");
     let failing_finished = failing.last().unwrap().at.duration_since(started);
     assert!(failing_finished > others_finished);
@@ -295,7 +304,9 @@ async fn the_failure_rate_gate_switches_deferral_off_and_back_on() {
         .await
         .expect("subscribe");
     until(Duration::from_secs(60), "deferral switched off", || {
-        client.defer_status().is_some_and(|status| !status.deferring)
+        client
+            .defer_status()
+            .is_some_and(|status| !status.deferring)
     })
     .await;
     let off = client.defer_status().unwrap();
@@ -374,7 +385,11 @@ async fn a_monopolizing_key_is_rejected_and_deferred_while_others_keep_flowing()
         .await;
     let hog = state.done_of("hog");
     assert_eq!(in_order(&hog), (0..20).collect::<Vec<_>>(), "hog in order");
-    let others: Vec<Done> = state.done().into_iter().filter(|d| d.key != "hog").collect();
+    let others: Vec<Done> = state
+        .done()
+        .into_iter()
+        .filter(|d| d.key != "hog")
+        .collect();
     let others_finished = others
         .iter()
         .map(|d| d.at.duration_since(started))
@@ -422,7 +437,9 @@ async fn excise_drops_the_keys_deferred_work_and_its_timers() {
         .await
         .expect("subscribe");
     until(Duration::from_secs(60), "two records deferred", || {
-        client.defer_status().is_some_and(|status| status.deferred == 2)
+        client
+            .defer_status()
+            .is_some_and(|status| status.deferred == 2)
     })
     .await;
     let scope = PartitionScope::new(group.as_str(), topic.as_str(), Partition(0));
@@ -444,13 +461,27 @@ async fn excise_drops_the_keys_deferred_work_and_its_timers() {
     assert_eq!(state.excised.lock().as_slice(), ["gone"]);
     let status = client.defer_status().unwrap();
     assert_eq!(status.dropped, 2, "{status:?}");
-    assert!(timers(TimerKind::Application).await.is_empty(), "clear_scheduled in on_excise");
-    assert!(timers(TimerKind::DeferRetry).await.is_empty(), "no retry left");
+    assert!(
+        timers(TimerKind::Application).await.is_empty(),
+        "clear_scheduled in on_excise"
+    );
+    assert!(
+        timers(TimerKind::DeferRetry).await.is_empty(),
+        "no retry left"
+    );
     let attempts = state.attempts("gone", 1);
     // Well past when a retry (1 s) would have come: nothing of the dropped work runs.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(state.attempts("gone", 1), attempts, "the deferred record is not retried");
-    assert_eq!(in_order(&state.done_of("gone")), [0, 3], "seq 2 was dropped with seq 1");
+    assert_eq!(
+        state.attempts("gone", 1),
+        attempts,
+        "the deferred record is not retried"
+    );
+    assert_eq!(
+        in_order(&state.done_of("gone")),
+        [0, 3],
+        "seq 2 was dropped with seq 1"
+    );
     client.shutdown().await.expect("shutdown");
     sender.shutdown().await.expect("shutdown");
 }

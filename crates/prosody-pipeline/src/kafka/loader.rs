@@ -296,8 +296,7 @@ impl Worker {
                 }
                 Some(Ok(record)) => record,
             };
-            if record.topic() != request.topic.as_str()
-                || record.partition() != request.partition.0
+            if record.topic() != request.topic.as_str() || record.partition() != request.partition.0
             {
                 continue;
             }
@@ -334,11 +333,7 @@ impl Worker {
         self.consumer
             .assign(&list)
             .map_err(|error| LoadError::Kafka(error.to_string()))?;
-        self.position = Some((
-            request.topic.clone(),
-            request.partition,
-            request.offset.0,
-        ));
+        self.position = Some((request.topic.clone(), request.partition, request.offset.0));
         Ok(())
     }
 }

@@ -141,12 +141,9 @@ impl FailureRate {
     /// (failure rate, outcomes) in the window.
     fn rate(&mut self, now: Instant) -> (f64, u64) {
         self.prune(now);
-        let (successes, failures) = self
-            .buckets
-            .iter()
-            .fold((0_u64, 0_u64), |(s, f), bucket| {
-                (s + bucket.successes, f + bucket.failures)
-            });
+        let (successes, failures) = self.buckets.iter().fold((0_u64, 0_u64), |(s, f), bucket| {
+            (s + bucket.successes, f + bucket.failures)
+        });
         let total = successes + failures;
         if total == 0 {
             return (0.0, 0);
@@ -241,8 +238,12 @@ impl DeferStatus {
         let was = self.inner.deferring.swap(deferring, Ordering::SeqCst);
         if was && !deferring {
             self.inner.switched_off.fetch_add(1, Ordering::Relaxed);
-            warn!(failure_rate, samples, threshold = self.inner.threshold,
-                "failure rate over the threshold: deferral switched off, failures now block their key");
+            warn!(
+                failure_rate,
+                samples,
+                threshold = self.inner.threshold,
+                "failure rate over the threshold: deferral switched off, failures now block their key"
+            );
         } else if !was && deferring {
             info!(
                 failure_rate,
@@ -394,10 +395,7 @@ impl Defer {
                     // First sight of the partition, or it was revoked since: a new epoch, so
                     // nothing cached from an earlier ownership is trusted.
                     let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
-                    epochs.insert(
-                        (topic.clone(), partition),
-                        (task.cancel.clone(), epoch),
-                    );
+                    epochs.insert((topic.clone(), partition), (task.cancel.clone(), epoch));
                     epoch
                 }
             }
@@ -870,7 +868,11 @@ mod tests {
         }
         assert!(status.is_deferring(), "4 of 8 failed: at the threshold");
         status.record(&Err(Failure::new(FailureKind::Permanent, "p", 1)));
-        assert_eq!(status.snapshot().samples, 8, "permanent failures are not counted");
+        assert_eq!(
+            status.snapshot().samples,
+            8,
+            "permanent failures are not counted"
+        );
         for _ in 0..8 {
             status.record(&failed());
         }

@@ -829,6 +829,246 @@ impl Defer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kafka::loader::LoadError;
+    use crate::middleware::stack::testing::{excise, message, task};
+    use crate::timers::TimerSettings;
+    use prosody_api::{SlabSize, SystemClock};
+    use serde_json::json;
+    use storage_memory::{MemoryDeferStore, MemoryTimerStore};
+
+    /// Records what reaches it; fails transiently while `failing` is set.
+    #[derive(Default)]
+    struct Inner {
+        failing: AtomicBool,
+        seen: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Service for Inner {
+        async fn call(&self, task: &Task) -> Verdict {
+            let what = match &*task.event {
+                Event::Message(message) => format!("m{}", message.offset.0),
+                Event::Timer(fired) => format!("t{}", fired.timer.time.as_secs()),
+                Event::Excise(_) => "x".to_owned(),
+                Event::Rejected(_) => "r".to_owned(),
+            };
+            self.seen.lock().push(what);
+            if self.failing.load(Ordering::SeqCst) {
+                Err(Failure::new(FailureKind::Transient, "down", task.attempt))
+            } else {
+                Ok(Value::Null)
+            }
+        }
+    }
+
+    /// Reloads `message("k")` at any offset.
+    struct Reloader;
+
+    #[async_trait]
+    impl LoadRecord for Reloader {
+        async fn load(&self, _: &Topic, _: Partition, offset: Offset) -> Result<Event, LoadError> {
+            let Event::Message(mut reloaded) = message("k", json!({})) else {
+                unreachable!()
+            };
+            reloaded.offset = offset;
+            Ok(Event::Message(reloaded))
+        }
+
+        fn forget(&self, _: &Topic, _: Partition, _: Offset) {}
+    }
+
+    struct Fixture {
+        layer: Arc<dyn Service>,
+        inner: Arc<Inner>,
+        store: MemoryDeferStore,
+        timers: Timers,
+        status: DeferStatus,
+    }
+
+    fn fixture() -> Fixture {
+        let settings = DeferSettings {
+            base: Duration::from_secs(1),
+            max_delay: Duration::from_secs(4),
+            failure_threshold: 0.9,
+            failure_window: Duration::from_secs(60),
+            min_samples: 1_000,
+            cache_size: 16,
+        };
+        let store = MemoryDeferStore::new();
+        let timers = Timers::new(
+            Arc::new(MemoryTimerStore::new(SlabSize::DEFAULT)),
+            "group",
+            Arc::new(SystemClock),
+            TimerSettings::default(),
+        );
+        let status = DeferStatus::new(&settings);
+        let inner = Arc::new(Inner::default());
+        let layer = Box::new(DeferLayer {
+            settings,
+            store: Arc::new(store.clone()),
+            timers: timers.clone(),
+            loader: Arc::new(Reloader),
+            status: status.clone(),
+        })
+        .wrap(inner.clone());
+        Fixture {
+            layer,
+            inner,
+            store,
+            timers,
+            status,
+        }
+    }
+
+    fn at(event: Event, offset: i64) -> Task {
+        let Event::Message(mut message) = event else {
+            unreachable!()
+        };
+        message.offset = Offset(offset);
+        task(Event::Message(message))
+    }
+
+    fn fired(kind: TimerKind, time: TimerTime) -> Task {
+        task(Event::Timer(FiredTimer {
+            topic: Topic::from("t"),
+            partition: Partition(0),
+            kind,
+            timer: Timer {
+                key: Key::from("k"),
+                time,
+            },
+        }))
+    }
+
+    impl Fixture {
+        fn scope(&self) -> PartitionScope {
+            self.timers.scope(&Topic::from("t"), Partition(0))
+        }
+
+        async fn retry_timers(&self) -> Vec<TimerTime> {
+            self.timers
+                .store()
+                .scheduled(&self.scope(), &Key::from("k"), TimerKind::DeferRetry)
+                .await
+                .unwrap()
+        }
+
+        async fn deferred(&self) -> (Vec<i64>, Vec<u64>) {
+            let key = Key::from("k");
+            let messages = self.store.deferred_messages(&self.scope(), &key).await;
+            let timers = self.store.deferred_timers(&self.scope(), &key).await;
+            (
+                messages.unwrap().iter().map(|m| m.offset.0).collect(),
+                timers.unwrap().iter().map(|t| t.time.as_secs()).collect(),
+            )
+        }
+
+        fn seen(&self) -> Vec<String> {
+            self.inner.seen.lock().clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failure_is_deferred_later_work_queues_behind_and_the_timer_retries_in_order() {
+        let f = fixture();
+        f.inner.failing.store(true, Ordering::SeqCst);
+        assert_eq!(
+            f.layer.call(&at(message("k", json!({})), 1)).await,
+            Ok(Value::Null)
+        );
+        let retry = f.retry_timers().await;
+        assert_eq!(retry.len(), 1, "one retry timer");
+        f.inner.failing.store(false, Ordering::SeqCst);
+        assert_eq!(
+            f.layer.call(&at(message("k", json!({})), 2)).await,
+            Ok(Value::Null)
+        );
+        let app = TimerTime::from_secs(5);
+        assert_eq!(
+            f.layer.call(&fired(TimerKind::Application, app)).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(f.seen(), ["m1"], "later work of the key is not handled yet");
+        assert_eq!(f.deferred().await, (vec![1, 2], vec![5]));
+
+        // The retry fails once more: the count rises and a later timer replaces the fired one.
+        f.inner.failing.store(true, Ordering::SeqCst);
+        let first = fired(TimerKind::DeferRetry, retry[0]);
+        assert_eq!(f.layer.call(&first).await, Ok(Value::Null));
+        let again = f.retry_timers().await;
+        assert!(
+            again.len() == 1 && again[0] > retry[0],
+            "{again:?} after {retry:?}"
+        );
+        let messages = f.store.deferred_messages(&f.scope(), &Key::from("k")).await;
+        assert_eq!(messages.unwrap()[0].retry_count, 1);
+
+        f.inner.failing.store(false, Ordering::SeqCst);
+        assert_eq!(
+            f.layer.call(&fired(TimerKind::DeferRetry, again[0])).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(f.seen(), ["m1", "m1", "m1", "m2", "t5"], "in order");
+        assert_eq!(f.deferred().await, (vec![], vec![]));
+        assert!(f.retry_timers().await.is_empty());
+        let snapshot = f.status.snapshot();
+        assert_eq!((snapshot.deferred, snapshot.completed), (3, 3));
+        // The key is no longer deferred: its next message is handled at once.
+        assert_eq!(
+            f.layer.call(&at(message("k", json!({})), 3)).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(f.seen().last().map(String::as_str), Some("m3"));
+    }
+
+    #[tokio::test]
+    async fn a_shut_gate_passes_failures_up() {
+        let f = fixture();
+        // Every outcome so far failed and the window has enough of them.
+        let closed = DeferStatus::new(&DeferSettings {
+            min_samples: 1,
+            ..f_settings()
+        });
+        closed.record(&Err(Failure::new(FailureKind::Transient, "x", 1)));
+        let layer = Box::new(DeferLayer {
+            settings: f_settings(),
+            store: Arc::new(f.store.clone()),
+            timers: f.timers.clone(),
+            loader: Arc::new(Reloader),
+            status: closed.clone(),
+        })
+        .wrap(f.inner.clone());
+        f.inner.failing.store(true, Ordering::SeqCst);
+        let verdict = layer.call(&at(message("k", json!({})), 1)).await;
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
+        assert_eq!(f.deferred().await, (vec![], vec![]));
+        assert!(!closed.snapshot().deferring);
+    }
+
+    fn f_settings() -> DeferSettings {
+        DeferSettings {
+            base: Duration::from_secs(1),
+            max_delay: Duration::from_secs(4),
+            failure_threshold: 0.5,
+            failure_window: Duration::from_secs(60),
+            min_samples: 1,
+            cache_size: 16,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_excise_runs_at_once_and_drops_the_deferred_work() {
+        let f = fixture();
+        f.inner.failing.store(true, Ordering::SeqCst);
+        f.layer.call(&at(message("k", json!({})), 1)).await.unwrap();
+        f.layer.call(&at(message("k", json!({})), 2)).await.unwrap();
+        f.inner.failing.store(false, Ordering::SeqCst);
+        assert_eq!(f.layer.call(&task(excise("k"))).await, Ok(Value::Null));
+        assert_eq!(f.seen(), ["m1", "x"]);
+        assert_eq!(f.deferred().await, (vec![], vec![]));
+        assert!(f.retry_timers().await.is_empty());
+        assert_eq!(f.status.snapshot().dropped, 2);
+    }
 
     #[test]
     fn delays_double_from_base_to_the_cap() {

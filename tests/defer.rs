@@ -400,6 +400,8 @@ async fn a_monopolizing_key_is_rejected_and_deferred_while_others_keep_flowing()
         others_finished < hog_finished,
         "others {others_finished:?}, hog {hog_finished:?}"
     );
+    let rejected = client.monopolization_rejections().unwrap();
+    let status = client.defer_status().unwrap();
     println!(
         "monopolization: {} other records finished {others_finished:?} after subscribe; the \
          hog's 20 finished at {hog_finished:?}; {rejected} rejections, {status:?}",

@@ -325,10 +325,38 @@ pub struct Defer {
     timers: Timers,
     loader: Arc<dyn LoadRecord>,
     status: DeferStatus,
-    cache: moka::sync::Cache<CacheKey, Arc<KeyWork>>,
-    epochs: Mutex<HashMap<(Topic, Partition), (CancellationToken, u64)>>,
-    next_epoch: AtomicU64,
+    cache: Mutex<Cache>,
     inner: Arc<dyn Service>,
+}
+
+/// The cache of deferred work and its epochs, under one lock: a lookup costs one lock, where a
+/// concurrent cache would add its own synchronisation to every event.
+#[derive(Default)]
+struct Cache {
+    capacity: usize,
+    epochs: HashMap<(Topic, Partition), (CancellationToken, u64)>,
+    next_epoch: u64,
+    work: HashMap<CacheKey, Arc<KeyWork>>,
+}
+
+impl Cache {
+    fn insert(&mut self, key: CacheKey, work: Arc<KeyWork>) {
+        self.work.insert(key, work);
+        if self.work.len() > self.capacity {
+            // Keys with nothing deferred are cheapest to read again; beyond that, arbitrary
+            // ones go (they are read from the store when next seen). A quarter at a time
+            // keeps the cost per event constant.
+            let keep = self.capacity - self.capacity / 4;
+            self.work.retain(|_, work| !work.is_empty());
+            if self.work.len() > keep {
+                let excess = self.work.len() - keep;
+                let evicted: Vec<CacheKey> = self.work.keys().take(excess).cloned().collect();
+                for key in evicted {
+                    self.work.remove(&key);
+                }
+            }
+        }
+    }
 }
 
 /// Builds a [`Defer`].
@@ -348,14 +376,17 @@ pub struct DeferLayer {
 impl Layer for DeferLayer {
     fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
         Arc::new(Defer {
-            cache: moka::sync::Cache::new(self.settings.cache_size.max(1)),
+            cache: Mutex::new(Cache {
+                capacity: usize::try_from(self.settings.cache_size)
+                    .unwrap_or(usize::MAX)
+                    .max(1),
+                ..Cache::default()
+            }),
             settings: self.settings,
             store: self.store,
             timers: self.timers,
             loader: self.loader,
             status: self.status,
-            epochs: Mutex::new(HashMap::new()),
-            next_epoch: AtomicU64::new(0),
             inner,
         })
     }
@@ -388,14 +419,18 @@ impl Defer {
         let (topic, partition) = task.event.source();
         let key = task.event.key().clone();
         let epoch = {
-            let mut epochs = self.epochs.lock();
-            match epochs.get(&(topic.clone(), partition)) {
+            let mut cache = self.cache.lock();
+            match cache.epochs.get(&(topic.clone(), partition)) {
                 Some((token, epoch)) if !token.is_cancelled() => *epoch,
                 _ => {
                     // First sight of the partition, or it was revoked since: a new epoch, so
-                    // nothing cached from an earlier ownership is trusted.
-                    let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
-                    epochs.insert((topic.clone(), partition), (task.cancel.clone(), epoch));
+                    // nothing cached from an earlier ownership is trusted. What the old epoch
+                    // cached ages out through eviction.
+                    cache.next_epoch += 1;
+                    let epoch = cache.next_epoch;
+                    cache
+                        .epochs
+                        .insert((topic.clone(), partition), (task.cancel.clone(), epoch));
                     epoch
                 }
             }
@@ -413,8 +448,8 @@ impl Defer {
     /// retry timer if it has none (a crash between storing work and its timer, or a new
     /// owner of the partition).
     async fn work(&self, place: &Place) -> Result<Arc<KeyWork>, StorageError> {
-        if let Some(work) = self.cache.get(&place.cache_key) {
-            return Ok(work);
+        if let Some(work) = self.cache.lock().work.get(&place.cache_key) {
+            return Ok(work.clone());
         }
         let messages = self
             .store
@@ -443,12 +478,16 @@ impl Defer {
             }
         }
         let work = Arc::new(work);
-        self.cache.insert(place.cache_key.clone(), work.clone());
+        self.cache
+            .lock()
+            .insert(place.cache_key.clone(), work.clone());
         Ok(work)
     }
 
     fn remember(&self, place: &Place, work: KeyWork) {
-        self.cache.insert(place.cache_key.clone(), Arc::new(work));
+        self.cache
+            .lock()
+            .insert(place.cache_key.clone(), Arc::new(work));
     }
 
     /// Schedules the key's one retry timer `delay(retries)` from now, strictly after `after`

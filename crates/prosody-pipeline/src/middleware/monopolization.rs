@@ -6,9 +6,10 @@
 //! again.
 //!
 //! Handler time is kept per key in a few buckets over the window (constant memory per key),
-//! for at most `monopolizationCacheSize` keys; the least recently used are forgotten first.
+//! for at most `monopolizationCacheSize` keys; keys with no time left in the window are
+//! forgotten first.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -36,32 +37,30 @@ pub struct MonopolizationSettings {
     pub cache_size: u64,
 }
 
-/// One key's handler time per bucket.
-#[derive(Debug, Default)]
+/// One key's handler time per bucket: a ring of `BUCKETS` slots, each tagged with the bucket
+/// number it holds, so nothing is allocated per key and stale slots need no pruning pass.
+#[derive(Debug, Default, Clone, Copy)]
 struct Usage {
-    buckets: VecDeque<(Instant, Duration)>,
+    slots: [(u64, u64); BUCKETS as usize],
 }
 
 impl Usage {
-    fn prune(&mut self, now: Instant, window: Duration, width: Duration) {
-        while let Some(&(start, _)) = self.buckets.front() {
-            if start + width + window <= now {
-                self.buckets.pop_front();
-            } else {
-                break;
-            }
-        }
+    /// Busy nanoseconds in the buckets of the window ending in bucket `now`.
+    fn total(&self, now: u64) -> u64 {
+        self.slots
+            .iter()
+            .filter(|(bucket, _)| *bucket + u64::from(BUCKETS) > now && *bucket <= now)
+            .map(|(_, busy)| *busy)
+            .sum()
     }
 
-    fn add(&mut self, now: Instant, busy: Duration, width: Duration) {
-        match self.buckets.back_mut() {
-            Some((start, total)) if now < *start + width => *total += busy,
-            _ => self.buckets.push_back((now, busy)),
+    fn add(&mut self, now: u64, busy: u64) {
+        let slot = &mut self.slots[usize::try_from(now % u64::from(BUCKETS)).unwrap_or(0)];
+        if slot.0 == now {
+            slot.1 = slot.1.saturating_add(busy);
+        } else {
+            *slot = (now, busy);
         }
-    }
-
-    fn total(&self) -> Duration {
-        self.buckets.iter().map(|(_, busy)| *busy).sum()
     }
 }
 
@@ -82,9 +81,13 @@ impl MonopolizationStatus {
 /// Rejects keys over their share of handler time.
 pub struct Monopolization {
     settings: MonopolizationSettings,
+    /// Bucket numbers count from here.
+    origin: Instant,
     width: Duration,
-    allowed: Duration,
-    usage: moka::sync::Cache<(Topic, Key), Arc<Mutex<Usage>>>,
+    allowed: u64,
+    /// One lock for lookup and update: a concurrent cache would add its own synchronisation
+    /// to every event for nothing.
+    usage: Mutex<HashMap<(Topic, Key), Usage>>,
     status: MonopolizationStatus,
     inner: Arc<dyn Service>,
 }
@@ -102,10 +105,11 @@ impl Layer for MonopolizationLayer {
         let settings = self.settings;
         let window = settings.window.max(Duration::from_millis(BUCKETS.into()));
         Arc::new(Monopolization {
+            origin: Instant::now(),
             width: window / BUCKETS,
-            allowed: window.mul_f64(settings.threshold.clamp(0.0, 1.0)),
+            allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
             settings: MonopolizationSettings { window, ..settings },
-            usage: moka::sync::Cache::new(settings.cache_size.max(1)),
+            usage: Mutex::new(HashMap::new()),
             status: self.status,
             inner,
         })
@@ -120,14 +124,15 @@ impl Service for Monopolization {
         }
         let (topic, _) = task.event.source();
         let index = (topic.clone(), task.event.key().clone());
-        let usage = self.usage.get_with(index, Arc::default);
-        let used = {
-            let mut usage = usage.lock();
-            usage.prune(Instant::now(), self.settings.window, self.width);
-            usage.total()
-        };
+        let now = self.bucket(Instant::now());
+        let used = self
+            .usage
+            .lock()
+            .get(&index)
+            .map_or(0, |usage| usage.total(now));
         if used > self.allowed {
             self.status.rejected.fetch_add(1, Ordering::Relaxed);
+            let used = Duration::from_nanos(used);
             warn!(key = %task.event.key(), ?used, window = ?self.settings.window,
                 "key is monopolizing handler time: rejected");
             return Err(Failure::new(
@@ -142,10 +147,41 @@ impl Service for Monopolization {
         }
         let started = Instant::now();
         let verdict = self.inner.call(task).await;
-        let now = Instant::now();
-        usage.lock().add(now, now - started, self.width);
+        let ended = Instant::now();
+        self.charge(index, self.bucket(ended), nanos(ended - started));
         verdict
     }
+}
+
+impl Monopolization {
+    fn bucket(&self, at: Instant) -> u64 {
+        let width = nanos(self.width).max(1);
+        nanos(at.saturating_duration_since(self.origin)) / width
+    }
+
+    fn charge(&self, index: (Topic, Key), now: u64, busy: u64) {
+        let capacity = usize::try_from(self.settings.cache_size)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let mut usage = self.usage.lock();
+        usage.entry(index).or_default().add(now, busy);
+        if usage.len() > capacity {
+            // Keys with no time left in the window lose nothing by being forgotten; beyond
+            // that, arbitrary ones go. A quarter at a time keeps the cost per event constant.
+            usage.retain(|_, key| key.total(now) > 0);
+            if usage.len() > capacity {
+                let excess = usage.len() - (capacity - capacity / 4);
+                let evicted: Vec<(Topic, Key)> = usage.keys().take(excess).cloned().collect();
+                for key in evicted {
+                    usage.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -222,7 +222,10 @@ impl DeferStatus {
         };
         let mut rate = self.inner.rate.lock();
         rate.record(Instant::now(), failed);
-        self.update(&mut rate);
+        // A success cannot shut an open gate, so the common case skips the evaluation.
+        if failed || !self.inner.deferring.load(Ordering::Relaxed) {
+            self.update(&mut rate);
+        }
     }
 
     /// Re-evaluates the gate and reports whether deferral is on.

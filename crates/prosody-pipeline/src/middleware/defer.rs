@@ -349,14 +349,26 @@ impl Cache {
             // Keys with nothing deferred are cheapest to read again; beyond that, arbitrary
             // ones go (they are read from the store when next seen). A quarter at a time
             // keeps the cost per event constant.
-            let keep = self.capacity - self.capacity / 4;
-            self.work.retain(|_, work| !work.is_empty());
-            if self.work.len() > keep {
-                let excess = self.work.len() - keep;
-                let evicted: Vec<CacheKey> = self.work.keys().take(excess).cloned().collect();
-                for key in evicted {
-                    self.work.remove(&key);
-                }
+            let excess = self.work.len() - (self.capacity - self.capacity / 4);
+            let mut evicted: Vec<CacheKey> = self
+                .work
+                .iter()
+                .filter(|(_, work)| work.is_empty())
+                .map(|(key, _)| key.clone())
+                .take(excess)
+                .collect();
+            if evicted.len() < excess {
+                let more = excess - evicted.len();
+                evicted.extend(
+                    self.work
+                        .iter()
+                        .filter(|(_, work)| !work.is_empty())
+                        .map(|(key, _)| key.clone())
+                        .take(more),
+                );
+            }
+            for key in evicted {
+                self.work.remove(&key);
             }
         }
     }

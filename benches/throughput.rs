@@ -5,7 +5,14 @@
 //!
 //! - `baseline`: a bare librdkafka consumer that only reads and commits, the ceiling any
 //!   framework on top of librdkafka is measured against;
-//! - `client`: the Prosody client in pipeline mode with a no-op handler ([`ClientSubject`]).
+//! - `core`: the pipeline's engine and poll loop calling the same no-op handler with no
+//!   middleware at all ([`CoreSubject`]): key queues, offsets, commits, decoding;
+//! - `client`: the Prosody client in pipeline mode with a no-op handler ([`ClientSubject`]),
+//!   every middleware layer of the mode on (filters, dedup, retry, scheduler, timeout,
+//!   telemetry).
+//!
+//! The summary prints each median, client/baseline (the core issue's target) and the cost of
+//! the middleware, 1 - client/core (the failure-handling issue's bound).
 //!
 //! Rates are measured from the first record received to the last, so group join and rebalance
 //! time is left out. Results are plain `name: value` lines meant to be pasted into notes.
@@ -27,7 +34,13 @@ use prosody::api::{
     EventContext, EventHandler, ExciseMessage, HandlerError, Message as ProsodyMessage, Timer,
 };
 use prosody::config::ProbePort;
-use prosody::{ClientOptions, ProsodyClient};
+use prosody::pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
+use prosody::pipeline::consumer::{Engine, EngineLimits};
+use prosody::pipeline::dispatch::HandlerService;
+use prosody::pipeline::kafka::DecodeLimits;
+use prosody::pipeline::middleware::StackDispatch;
+use prosody::pipeline::probes::HealthRegistry;
+use prosody::{ClientOptions, Config, ProsodyClient};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -51,8 +64,8 @@ usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only
   --rounds N      consume the topic N times per subject, alternating subjects; the summary
                   uses the median rate (default 3: one 200k-record pass lasts well under a
                   second, so single passes are noisy)
-  --only NAME     run one subject (baseline or the subject's name) so its peak RSS is not
-                  mixed with memory the allocator kept from another subject
+  --only NAMES    run only these subjects (comma-separated: baseline, core, client) so a
+                  subject's peak RSS is not mixed with memory the allocator kept from another
   --keep-topic    leave the topic in Kafka instead of deleting it
 
 Needs PROSODY_BOOTSTRAP_SERVERS (scripts/bench sets it).";
@@ -234,6 +247,53 @@ impl EventHandler for CountingHandler {
     }
 }
 
+impl Counts {
+    fn new(expected: usize) -> Arc<Self> {
+        Arc::new(Self {
+            expected,
+            count: AtomicUsize::new(0),
+            first: parking_lot::Mutex::new(None),
+            last: parking_lot::Mutex::new(None),
+            done: Notify::new(),
+        })
+    }
+
+    /// Waits until every expected record was handled; fails when none arrives for
+    /// [`NO_PROGRESS_TIMEOUT`].
+    async fn all_handled(&self, who: &str) -> BenchResult<()> {
+        loop {
+            let before = self.count.load(Ordering::Acquire);
+            if before >= self.expected {
+                return Ok(());
+            }
+            if tokio::time::timeout(NO_PROGRESS_TIMEOUT, self.done.notified())
+                .await
+                .is_err()
+                && self.count.load(Ordering::Acquire) == before
+            {
+                return Err(format!("{who} stuck at {before} of {} records", self.expected).into());
+            }
+        }
+    }
+
+    fn elapsed(&self) -> BenchResult<Duration> {
+        let first = self.first.lock().ok_or("no first record")?;
+        let last = self.last.lock().ok_or("no last record")?;
+        Ok(last - first)
+    }
+}
+
+fn client_options(bootstrap: &str, topic: &str, group: &str) -> ClientOptions {
+    ClientOptions {
+        bootstrap_servers: Some(vec![bootstrap.to_owned()]),
+        group_id: Some(group.to_owned()),
+        subscribed_topics: Some(vec![topic.to_owned()]),
+        mock: Some(true),
+        probe_port: Some(ProbePort::Disabled),
+        ..ClientOptions::default()
+    }
+}
+
 impl ThroughputSubject for ClientSubject {
     fn name(&self) -> &'static str {
         "client"
@@ -246,40 +306,63 @@ impl ThroughputSubject for ClientSubject {
         group: &str,
         expected: usize,
     ) -> BenchResult<Duration> {
-        let client = ProsodyClient::from_options(ClientOptions {
-            bootstrap_servers: Some(vec![bootstrap.to_owned()]),
-            group_id: Some(group.to_owned()),
-            subscribed_topics: Some(vec![topic.to_owned()]),
-            mock: Some(true),
-            probe_port: Some(ProbePort::Disabled),
-            ..ClientOptions::default()
-        })
-        .await?;
-        let handler = Arc::new(Counts {
-            expected,
-            count: AtomicUsize::new(0),
-            first: parking_lot::Mutex::new(None),
-            last: parking_lot::Mutex::new(None),
-            done: Notify::new(),
-        });
-        client.subscribe(CountingHandler(handler.clone())).await?;
-        loop {
-            let before = handler.count.load(Ordering::Acquire);
-            if before >= expected {
-                break;
-            }
-            if tokio::time::timeout(NO_PROGRESS_TIMEOUT, handler.done.notified())
-                .await
-                .is_err()
-                && handler.count.load(Ordering::Acquire) == before
-            {
-                return Err(format!("client stuck at {before} of {expected} records").into());
-            }
-        }
+        let client = ProsodyClient::from_options(client_options(bootstrap, topic, group)).await?;
+        let counts = Counts::new(expected);
+        client.subscribe(CountingHandler(counts.clone())).await?;
+        counts.all_handled(self.name()).await?;
         client.shutdown().await?;
-        let first = handler.first.lock().ok_or("no first record")?;
-        let last = handler.last.lock().ok_or("no last record")?;
-        Ok(last - first)
+        counts.elapsed()
+    }
+}
+
+/// The pipeline without middleware: the poll loop, the engine (key queues, offsets, commits,
+/// backpressure, a plain semaphore for `maxConcurrency`) and the handler service, configured
+/// with the client's defaults. What the client costs on top of this is the middleware.
+struct CoreSubject;
+
+impl ThroughputSubject for CoreSubject {
+    fn name(&self) -> &'static str {
+        "core"
+    }
+
+    async fn consume_all(
+        &self,
+        bootstrap: &str,
+        topic: &str,
+        group: &str,
+        expected: usize,
+    ) -> BenchResult<Duration> {
+        let config = Config::from_options(client_options(bootstrap, topic, group))?;
+        let counts = Counts::new(expected);
+        let handler = HandlerService::new(Arc::new(CountingHandler(counts.clone())));
+        let dispatch = Arc::new(StackDispatch::from_service(Arc::new(handler)));
+        let flow = Arc::new(QueueFlowControl::default());
+        let runtime = tokio::runtime::Handle::current();
+        let engine = Engine::new(
+            EngineLimits {
+                max_concurrency: config.consumer.max_concurrency.get(),
+                max_uncommitted: config.consumer.max_uncommitted.get(),
+                shutdown_timeout: config.consumer.shutdown_timeout,
+            },
+            dispatch,
+            flow.clone(),
+            HealthRegistry::new(),
+            runtime.clone(),
+        );
+        let settings = PollSettings {
+            bootstrap_servers: bootstrap.to_owned(),
+            group_id: group.to_owned(),
+            topics: vec![topic.to_owned()],
+            commit_interval: config.consumer.commit_interval,
+            poll_interval: config.consumer.poll_interval,
+            decode: DecodeLimits::default(),
+            overrides: Vec::new(),
+        };
+        let poll = PollLoop::start(&settings, engine, &flow, runtime)?;
+        let outcome = counts.all_handled(self.name()).await;
+        poll.stop().await;
+        outcome?;
+        counts.elapsed()
     }
 }
 
@@ -644,51 +727,52 @@ async fn measure_all(
     );
     memory.after("produce");
 
-    let baseline = BareConsumer;
-    let subject = ClientSubject;
-    let run_baseline = options
+    let names = [
+        BareConsumer.name(),
+        CoreSubject.name(),
+        ClientSubject.name(),
+    ];
+    let only: Option<Vec<&str>> = options
         .only
         .as_deref()
-        .is_none_or(|only| only == baseline.name());
-    let run_subject = options
-        .only
-        .as_deref()
-        .is_none_or(|only| only == subject.name());
-    if !run_baseline && !run_subject {
-        return Err(format!("--only: expected {} or {}", baseline.name(), subject.name()).into());
+        .map(|only| only.split(',').map(str::trim).collect());
+    if let Some(unknown) = only.iter().flatten().find(|name| !names.contains(name)) {
+        return Err(format!("--only: unknown subject {unknown:?}, expected {names:?}").into());
     }
-    let mut baseline_rates = Vec::with_capacity(options.rounds);
-    let mut subject_rates = Vec::with_capacity(options.rounds);
+    let selected = |name: &str| only.as_ref().is_none_or(|only| only.contains(&name));
+    let mut rates: [Vec<f64>; 3] = Default::default();
     for round in 0..options.rounds {
-        // Alternating who goes first spreads any warm-up or leftover-memory advantage evenly.
-        let baseline_first = round % 2 == 0;
-        if run_baseline && baseline_first {
-            baseline_rates
-                .push(measure(&baseline, bootstrap, topic, round, options.records, memory).await?);
-        }
-        if run_subject {
-            subject_rates
-                .push(measure(&subject, bootstrap, topic, round, options.records, memory).await?);
-        }
-        if run_baseline && !baseline_first {
-            baseline_rates
-                .push(measure(&baseline, bootstrap, topic, round, options.records, memory).await?);
+        // Rotating who goes first spreads any warm-up or leftover-memory advantage evenly.
+        for turn in 0..names.len() {
+            let index = (turn + round) % names.len();
+            if !selected(names[index]) {
+                continue;
+            }
+            let (bootstrap, topic, records) = (bootstrap, topic, options.records);
+            let rate = match index {
+                0 => measure(&BareConsumer, bootstrap, topic, round, records, memory).await?,
+                1 => measure(&CoreSubject, bootstrap, topic, round, records, memory).await?,
+                _ => measure(&ClientSubject, bootstrap, topic, round, records, memory).await?,
+            };
+            rates[index].push(rate);
         }
     }
-    let baseline_rate = median(&mut baseline_rates);
-    let subject_rate = median(&mut subject_rates);
-    if let Some(rate) = baseline_rate {
-        println!("{} median: {rate:.0} records/s", baseline.name());
+    let [baseline, core, client] = rates.each_mut().map(|rates| median(rates));
+    for (name, rate) in names.iter().zip([baseline, core, client]) {
+        if let Some(rate) = rate {
+            println!("{name} median: {rate:.0} records/s");
+        }
     }
-    if let Some(rate) = subject_rate {
-        println!("{} median: {rate:.0} records/s", subject.name());
+    if let (Some(baseline), Some(client)) = (baseline, client) {
+        println!("ratio client/baseline: {:.2}", client / baseline);
     }
-    if let (Some(baseline_rate), Some(subject_rate)) = (baseline_rate, subject_rate) {
+    if let (Some(baseline), Some(core)) = (baseline, core) {
+        println!("ratio core/baseline: {:.2}", core / baseline);
+    }
+    if let (Some(core), Some(client)) = (core, client) {
         println!(
-            "ratio {}/{}: {:.2}",
-            subject.name(),
-            baseline.name(),
-            subject_rate / baseline_rate
+            "middleware cost (1 - client/core): {:.1}%",
+            (1.0 - client / core) * 100.0
         );
     }
     Ok(())

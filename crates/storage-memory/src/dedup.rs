@@ -1,6 +1,13 @@
 //! [`MemoryDedupStore`].
+//!
+//! Records are kept as 128-bit digests of (scope, record) rather than their strings: a
+//! consumer inserts one record per handled message, so the strings would cost five
+//! allocations per insert, five more per lookup (to build the owned key), and a few hundred
+//! bytes per record held. Two independently seeded 64-bit hashes make a collision (which would
+//! skip a message) vanishingly unlikely, the same argument as the pipeline's dedup cache.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -20,8 +27,52 @@ pub struct MemoryDedupStore {
 
 #[derive(Debug)]
 struct Inner {
-    expiries: HashMap<(PartitionScope, DedupRecord), SystemTime>,
+    expiries: HashMap<u128, SystemTime, BuildHasherDefault<Folded>>,
     sweep: SweepSchedule,
+    hashers: [RandomState; 2],
+}
+
+impl Inner {
+    fn digest(&self, scope: &PartitionScope, record: &DedupRecord) -> u128 {
+        let fields = (
+            scope.group.as_str(),
+            scope.topic.as_str(),
+            scope.partition.0,
+            record.key.as_str(),
+            record.id.as_str(),
+            record.version.as_str(),
+        );
+        let [high, low] = self
+            .hashers
+            .each_ref()
+            .map(|hasher| hasher.hash_one(fields));
+        (u128::from(high) << 64) | u128::from(low)
+    }
+}
+
+/// Hashes a digest by folding it: the digest is already a keyed hash, so hashing it again
+/// would only cost time.
+#[derive(Default)]
+struct Folded(u64);
+
+impl Hasher for Folded {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "folding the halves is the point"
+    )]
+    fn write_u128(&mut self, digest: u128) {
+        self.0 ^= (digest as u64) ^ ((digest >> 64) as u64);
+    }
 }
 
 impl MemoryDedupStore {
@@ -30,8 +81,9 @@ impl MemoryDedupStore {
         Self {
             clock: Arc::new(clock),
             inner: Arc::new(Mutex::new(Inner {
-                expiries: HashMap::new(),
+                expiries: HashMap::default(),
                 sweep: SweepSchedule::new(),
+                hashers: [RandomState::new(), RandomState::new()],
             })),
         }
     }
@@ -59,9 +111,8 @@ impl DedupStore for MemoryDedupStore {
     ) -> Result<(), StorageError> {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
-        inner
-            .expiries
-            .insert((scope.clone(), record.clone()), ttl.expires_at(now));
+        let digest = inner.digest(scope, record);
+        inner.expiries.insert(digest, ttl.expires_at(now));
         if inner.sweep.due(inner.expiries.len()) {
             inner.expiries.retain(|_, expiry| now < *expiry);
             let len = inner.expiries.len();
@@ -76,11 +127,10 @@ impl DedupStore for MemoryDedupStore {
         record: &DedupRecord,
     ) -> Result<bool, StorageError> {
         let now = self.clock.now();
-        Ok(self
-            .inner
-            .lock()
+        let inner = self.inner.lock();
+        Ok(inner
             .expiries
-            .get(&(scope.clone(), record.clone()))
+            .get(&inner.digest(scope, record))
             .is_some_and(|expiry| now < *expiry))
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! | backend | timers, defer, dedup, published | keyed state |
 //! |---|---|---|
-//! | memory | per-client memory stores (dedup: one per process) | memory |
+//! | memory | memory stores: timers per client, dedup and defer one per process | memory |
 //! | rocksdb | one [`RocksStore`] in `stateCacheDir` | the same store |
 //! | cassandra | one [`CassandraStore`] session | [`CachedStateStore`] over Cassandra, the cache in `stateCacheDir` (a per-client temporary directory by default) |
 //!
@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use prosody_api::storage::{DedupStore, DeferStore, PublishedStateView, StateStore, TimerStore};
 use prosody_api::{SlabSize, SystemClock};
+use prosody_pipeline::consumer::Engine;
 use storage_cassandra::{CassandraStore, Password};
 use storage_memory::{MemoryDedupStore, MemoryDeferStore, MemoryStateStore, MemoryTimerStore};
 use storage_rocksdb::{CachedStateStore, RocksOptions, RocksStore};
@@ -87,7 +88,7 @@ impl Backend {
         Self {
             kind: StorageBackend::Memory,
             timers: Arc::new(MemoryTimerStore::new(slab_size)),
-            defer: Arc::new(MemoryDeferStore::new()),
+            defer: process_defer_store(),
             dedup: process_dedup_store(),
             published: state.clone(),
             state,
@@ -167,6 +168,17 @@ impl Backend {
         })
     }
 
+    /// Makes `engine`'s revocations drop the keyed-state cache ([`Backend::partitions_revoked`]).
+    /// The engine holds the backend weakly: it must not keep the stores open past shutdown.
+    pub fn watch_revocations(backend: &Arc<Self>, engine: &Engine) {
+        let backend = Arc::downgrade(backend);
+        engine.on_revoked(Arc::new(move |_| {
+            if let Some(backend) = backend.upgrade() {
+                backend.partitions_revoked();
+            }
+        }));
+    }
+
     /// Drops what this client cached for the keys it owned: called when partitions are
     /// revoked, since their next owner may change the data.
     pub fn partitions_revoked(&self) {
@@ -212,4 +224,12 @@ fn process_dedup_store() -> Arc<dyn DedupStore> {
             .get_or_init(|| MemoryDedupStore::new(SystemClock))
             .clone(),
     )
+}
+
+/// The memory backend's defer store: one per process, so deferred work holds across the
+/// subscriptions and clients of a process (scoped by group, topic and partition; a new owner
+/// reschedules a missing retry timer) but not across restarts.
+fn process_defer_store() -> Arc<dyn DeferStore> {
+    static MEMORY: std::sync::OnceLock<MemoryDeferStore> = std::sync::OnceLock::new();
+    Arc::new(MEMORY.get_or_init(MemoryDeferStore::new).clone())
 }

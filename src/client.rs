@@ -9,10 +9,15 @@ use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowCon
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::kafka::decode::DecodeLimits;
+use prosody_pipeline::kafka::loader::{LoaderSettings, MessageLoader};
 use prosody_pipeline::kafka::mock::MockKafka;
 use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
 use prosody_pipeline::middleware::dedup::DedupLayer;
+use prosody_pipeline::middleware::defer::{DeferLayer, DeferSettings, DeferSnapshot, DeferStatus};
 use prosody_pipeline::middleware::failure_policy::Destination;
+use prosody_pipeline::middleware::monopolization::{
+    MonopolizationLayer, MonopolizationSettings, MonopolizationStatus,
+};
 use prosody_pipeline::middleware::retry::RetryPolicy;
 use prosody_pipeline::middleware::telemetry::TelemetryLayer;
 use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
@@ -72,6 +77,8 @@ struct Inner {
     timer_store: Arc<dyn TimerStore>,
     /// Taken (and closed) at shutdown: a temporary state-cache directory is removed then.
     backend: parking_lot::RwLock<Option<Arc<Backend>>>,
+    /// The defer and monopolization layers' state while subscribed in pipeline mode.
+    quality: parking_lot::Mutex<Option<(Option<DeferStatus>, Option<MonopolizationStatus>)>>,
     // Declared last so it is dropped after every client using it.
     _mock: Option<MockKafka>,
 }
@@ -173,6 +180,7 @@ impl ProsodyClient {
                 shutdown: OnceCell::new(),
                 timer_store,
                 backend: parking_lot::RwLock::new(Some(Arc::new(backend))),
+                quality: parking_lot::Mutex::new(None),
                 _mock: mock,
             }),
         })
@@ -314,8 +322,13 @@ impl ProsodyClient {
             wait_weight: config.scheduler.wait_weight,
             cache_size: config.scheduler.cache_size.get() as u64,
         }));
+        let mut stack =
+            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers, &backend);
+        if stack.mode == ModePolicy::Pipeline {
+            self.pipeline_layers(&mut stack, &timers, &backend)?;
+        }
         let dispatch = Arc::new(StackDispatch::new(
-            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers, &backend),
+            stack,
             Arc::new(HandlerService::new(Arc::new(handler)).with_timers(timers.clone())),
         ));
         let flow = Arc::new(QueueFlowControl::default());
@@ -332,13 +345,7 @@ impl ProsodyClient {
             Handle::current(),
             Some(timers),
         );
-        // Weak: the engine must not keep the backend open past shutdown.
-        let revoked = Arc::downgrade(&backend);
-        engine.on_revoked(Arc::new(move |_| {
-            if let Some(backend) = revoked.upgrade() {
-                backend.partitions_revoked();
-            }
-        }));
+        Backend::watch_revocations(&backend, &engine);
         let settings = PollSettings {
             bootstrap_servers: self.inner.bootstrap_servers.clone(),
             group_id: config.kafka.group_id.clone(),
@@ -492,6 +499,7 @@ impl ProsodyClient {
             probes.stop().await;
         }
         *self.inner.engine.lock() = None;
+        *self.inner.quality.lock() = None;
         *self.inner.probe_address.lock() = None;
         self.inner.health.clear();
         info!("unsubscribed");
@@ -558,6 +566,85 @@ impl ProsodyClient {
         }
     }
 
+    /// Adds the pipeline mode's defer and monopolization layers (each when enabled) to `stack`.
+    fn pipeline_layers(
+        &self,
+        stack: &mut StackSettings,
+        timers: &Timers,
+        backend: &Backend,
+    ) -> Result<(), ClientError> {
+        let config = &self.inner.config;
+        let mut defer_status = None;
+        if config.defer.enabled {
+            let loader = MessageLoader::start(LoaderSettings {
+                bootstrap_servers: self.inner.bootstrap_servers.clone(),
+                client_id: config.kafka.group_id.clone(),
+                cache_size: config.defer.loader.cache_size.get() as u64,
+                seek_timeout: config.defer.loader.seek_timeout,
+                discard_threshold: config.defer.loader.discard_threshold,
+                decode: DecodeLimits::default(),
+                overrides: Vec::new(),
+            })
+            .map_err(ClientError::kafka)?;
+            let settings = DeferSettings {
+                base: config.defer.base,
+                max_delay: config.defer.max_delay,
+                failure_threshold: config.defer.failure_threshold,
+                failure_window: config.defer.failure_window,
+                min_samples: DEFER_MIN_SAMPLES,
+                cache_size: config.defer.store_cache_size.get() as u64,
+            };
+            let status = DeferStatus::new(&settings);
+            defer_status = Some(status.clone());
+            stack.defer = Some(Box::new(DeferLayer {
+                settings,
+                store: backend.defer.clone(),
+                timers: timers.clone(),
+                loader: Arc::new(loader),
+                status,
+            }));
+        }
+        let mut monopolization_status = None;
+        if config.monopolization.enabled {
+            let status = MonopolizationStatus::default();
+            monopolization_status = Some(status.clone());
+            stack.monopolization = Some(Box::new(MonopolizationLayer {
+                settings: MonopolizationSettings {
+                    threshold: config.monopolization.threshold,
+                    window: config.monopolization.window,
+                    cache_size: config.monopolization.cache_size.get() as u64,
+                },
+                status,
+            }));
+        }
+        *self.inner.quality.lock() = Some((defer_status, monopolization_status));
+        Ok(())
+    }
+
+    /// The defer layer's state (is deferral on, the failure rate, counters) while subscribed
+    /// in pipeline mode with `deferEnabled`; `None` otherwise.
+    #[must_use]
+    pub fn defer_status(&self) -> Option<DeferSnapshot> {
+        self.inner
+            .quality
+            .lock()
+            .as_ref()
+            .and_then(|(defer, _)| defer.as_ref().map(DeferStatus::snapshot))
+    }
+
+    /// Events the monopolization layer rejected so far in this subscription; `None` when it is
+    /// not in the stack.
+    #[must_use]
+    pub fn monopolization_rejections(&self) -> Option<u64> {
+        self.inner
+            .quality
+            .lock()
+            .as_ref()
+            .and_then(|(_, monopolization)| {
+                monopolization.as_ref().map(MonopolizationStatus::rejected)
+            })
+    }
+
     /// Sends the lifecycle events queued so far to the telemetry topic and exports the spans
     /// buffered so far.
     pub async fn flush_telemetry(&self) {
@@ -581,6 +668,9 @@ impl ProsodyClient {
         }
     }
 }
+
+/// Outcomes the failure-rate window must hold before it can switch deferral off.
+const DEFER_MIN_SAMPLES: u64 = 20;
 
 /// `idempotenceTtlS` as a store TTL; the configuration keeps it within 1 s ..= 20 years.
 fn dedup_ttl(ttl: std::time::Duration) -> Ttl {

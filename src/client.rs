@@ -3,16 +3,21 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use prosody_api::storage::{DedupStore, StateStore, TimerStore, Ttl};
-use prosody_api::{EventHandler, SlabSize, SystemClock};
+use prosody_api::storage::{DeferStore, PublishedStateView, StateStore, TimerStore, Ttl};
+use prosody_api::{EventHandler, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::kafka::decode::DecodeLimits;
+use prosody_pipeline::kafka::loader::{LoaderSettings, MessageLoader};
 use prosody_pipeline::kafka::mock::MockKafka;
 use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
 use prosody_pipeline::middleware::dedup::DedupLayer;
+use prosody_pipeline::middleware::defer::{DeferLayer, DeferSettings, DeferSnapshot, DeferStatus};
 use prosody_pipeline::middleware::failure_policy::Destination;
+use prosody_pipeline::middleware::monopolization::{
+    MonopolizationLayer, MonopolizationSettings, MonopolizationStatus,
+};
 use prosody_pipeline::middleware::retry::RetryPolicy;
 use prosody_pipeline::middleware::telemetry::TelemetryLayer;
 use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
@@ -24,13 +29,13 @@ use prosody_pipeline::state::{
 use prosody_pipeline::telemetry::{self, TelemetrySink, TraceInjector};
 use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
 use serde_json::Value;
-use storage_memory::MemoryTimerStore;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OnceCell};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
-use crate::config::{ClientOptions, Config, ConfigError, Mode, SpanRelation, StorageBackend};
+use crate::backend::Backend;
+use crate::config::{ClientOptions, Config, ConfigError, Mode, SpanRelation};
 use crate::error::ClientError;
 
 /// Partitions of each subscribed topic that mock mode creates in its in-process cluster.
@@ -76,7 +81,10 @@ struct Inner {
     probe_address: parking_lot::Mutex<Option<SocketAddr>>,
     shutdown: OnceCell<()>,
     timer_store: Arc<dyn TimerStore>,
-    state_store: Arc<dyn StateStore>,
+    /// Taken (and closed) at shutdown: a temporary state-cache directory is removed then.
+    backend: parking_lot::RwLock<Option<Arc<Backend>>>,
+    /// The defer and monopolization layers' state while subscribed in pipeline mode.
+    quality: parking_lot::Mutex<Option<(Option<DeferStatus>, Option<MonopolizationStatus>)>>,
     /// Keyed-state collections, validated; registered durably at subscribe.
     collections: parking_lot::Mutex<Vec<CollectionDefinition>>,
     // Declared last so it is dropped after every client using it.
@@ -102,15 +110,18 @@ impl ProsodyClient {
     /// Creates a client from a resolved configuration. In mock mode with no bootstrap servers
     /// it starts librdkafka's in-process mock cluster.
     ///
-    /// Timers are kept by the configured storage backend. With the memory backend (and in mock
-    /// mode) they live in this process only: a restart loses every pending timer, and another
-    /// client taking over a partition does not see them.
+    /// Every store (timers, deferred work, dedup, keyed state, published reads) comes from the
+    /// configured storage backend (see [`crate::backend`]). With the memory backend (and in
+    /// mock mode) they live in this process only: a restart loses every pending timer, and
+    /// another client taking over a partition does not see them.
     ///
     /// # Errors
-    /// When the producer cannot be created or the mock cluster cannot start.
+    /// When the storage backend cannot be opened, the producer cannot be created or the mock
+    /// cluster cannot start.
     pub async fn new(config: Config) -> Result<Self, ClientError> {
-        let timer_store = default_timer_store(&config);
-        Self::with_timer_store(config, timer_store).await
+        let backend = Backend::open(&config).await?;
+        let timer_store = backend.timers.clone();
+        Self::build(config, backend, timer_store)
     }
 
     /// Creates a client whose timers live in `timer_store` instead of the configured backend's.
@@ -120,32 +131,33 @@ impl ProsodyClient {
     ///
     /// # Errors
     /// As for [`ProsodyClient::new`].
-    #[allow(
-        clippy::unused_async,
-        reason = "the public contract is async: storage backends connect here"
-    )]
     pub async fn with_timer_store(
         config: Config,
         timer_store: Arc<dyn TimerStore>,
     ) -> Result<Self, ClientError> {
-        let state_store = default_state_store(&config);
-        Self::with_stores(config, timer_store, state_store).await
+        let backend = Backend::open(&config).await?;
+        Self::build(config, backend, timer_store)
     }
 
     /// Creates a client whose timers and keyed state live in the given stores instead of the
     /// configured backend's (a test or benchmark choosing its backend, clients sharing a store).
     ///
     /// # Errors
-    /// As for [`ProsodyClient::new`]; a [`ClientError::Config`] naming `stateCollections` for an
-    /// invalid collection definition.
-    #[allow(
-        clippy::unused_async,
-        reason = "the public contract is async: storage backends connect here"
-    )]
+    /// As for [`ProsodyClient::new`].
     pub async fn with_stores(
         config: Config,
         timer_store: Arc<dyn TimerStore>,
         state_store: Arc<dyn StateStore>,
+    ) -> Result<Self, ClientError> {
+        let mut backend = Backend::open(&config).await?;
+        backend.state = state_store;
+        Self::build(config, backend, timer_store)
+    }
+
+    fn build(
+        config: Config,
+        backend: Backend,
+        timer_store: Arc<dyn TimerStore>,
     ) -> Result<Self, ClientError> {
         let collections = configured_collections(&config)?;
         telemetry::init_tracing(&config.telemetry.log_filter);
@@ -191,7 +203,8 @@ impl ProsodyClient {
                 probe_address: parking_lot::Mutex::new(None),
                 shutdown: OnceCell::new(),
                 timer_store,
-                state_store,
+                backend: parking_lot::RwLock::new(Some(Arc::new(backend))),
+                quality: parking_lot::Mutex::new(None),
                 collections: parking_lot::Mutex::new(collections),
                 _mock: mock,
             }),
@@ -208,6 +221,30 @@ impl ProsodyClient {
     #[must_use]
     pub fn timer_store(&self) -> &Arc<dyn TimerStore> {
         &self.inner.timer_store
+    }
+
+    /// The keyed-state store of the configured backend (cached in front of Cassandra); `None`
+    /// after shutdown.
+    #[must_use]
+    pub fn state_store(&self) -> Option<Arc<dyn StateStore>> {
+        self.backend().map(|backend| backend.state.clone())
+    }
+
+    /// Read access to published collections of the configured backend; `None` after
+    /// shutdown.
+    #[must_use]
+    pub fn published_state(&self) -> Option<Arc<dyn PublishedStateView>> {
+        self.backend().map(|backend| backend.published.clone())
+    }
+
+    /// The deferred-work store of the configured backend; `None` after shutdown.
+    #[must_use]
+    pub fn defer_store(&self) -> Option<Arc<dyn DeferStore>> {
+        self.backend().map(|backend| backend.defer.clone())
+    }
+
+    fn backend(&self) -> Option<Arc<Backend>> {
+        self.inner.backend.read().clone()
     }
 
     /// The bootstrap servers in use (the mock cluster's in mock mode).
@@ -292,12 +329,6 @@ impl ProsodyClient {
         Ok(())
     }
 
-    /// The store that keeps this client's keyed state.
-    #[must_use]
-    pub fn state_store(&self) -> &Arc<dyn StateStore> {
-        &self.inner.state_store
-    }
-
     /// Starts consuming the configured topics with `handler`.
     ///
     /// # Errors
@@ -314,6 +345,8 @@ impl ProsodyClient {
         if config.consumer.subscribed_topics.is_empty() {
             return Err(ClientError::NoTopics);
         }
+        // Present while not shut down, which the lifecycle lock held here guarantees.
+        let backend = self.backend().ok_or(ClientError::ShutDown)?;
         let timers = Timers::new(
             self.inner.timer_store.clone(),
             config.kafka.group_id.clone(),
@@ -339,16 +372,14 @@ impl ProsodyClient {
             wait_weight: config.scheduler.wait_weight,
             cache_size: config.scheduler.cache_size.get() as u64,
         }));
-        let mut service = HandlerService::new(Arc::new(handler)).with_timers(timers.clone());
-        let state = self.state_runtime().await?;
-        if let Some(state) = &state {
-            service = service.with_state(state.clone());
+        let mut stack =
+            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers, &backend);
+        if stack.mode == ModePolicy::Pipeline {
+            self.pipeline_layers(&mut stack, &timers, &backend)?;
         }
+        let (service, state) = self.handler_service(handler, &timers, &backend).await?;
         let sweep_timers = timers.clone();
-        let dispatch = Arc::new(StackDispatch::new(
-            self.stack_settings(scheduler.clone(), telemetry.clone(), &timers),
-            Arc::new(service),
-        ));
+        let dispatch = Arc::new(StackDispatch::new(stack, Arc::new(service)));
         let flow = Arc::new(QueueFlowControl::default());
         let engine = Engine::with_admission(
             EngineLimits {
@@ -363,6 +394,7 @@ impl ProsodyClient {
             Handle::current(),
             Some(timers),
         );
+        Backend::watch_revocations(&backend, &engine);
         let settings = PollSettings {
             bootstrap_servers: self.inner.bootstrap_servers.clone(),
             group_id: config.kafka.group_id.clone(),
@@ -441,6 +473,9 @@ impl ProsodyClient {
                 {
                     self.stop(subscription).await;
                 }
+                // Closes the stores this client opened (unless a caller still holds one): the
+                // recovery sweep stops and a temporary state-cache directory is removed.
+                drop(self.inner.backend.write().take());
                 info!("prosody client shut down");
             })
             .await;
@@ -520,6 +555,7 @@ impl ProsodyClient {
             probes.stop().await;
         }
         *self.inner.engine.lock() = None;
+        *self.inner.quality.lock() = None;
         *self.inner.probe_address.lock() = None;
         self.inner.health.clear();
         info!("unsubscribed");
@@ -532,6 +568,7 @@ impl ProsodyClient {
         scheduler: Arc<FairScheduler>,
         telemetry: Option<TelemetrySink>,
         timers: &Timers,
+        backend: &Backend,
     ) -> StackSettings {
         let config = &self.inner.config;
         let retry = RetryPolicy {
@@ -565,7 +602,7 @@ impl ProsodyClient {
             timers: Some(timers.clone()),
             retry,
             dedup: DedupLayer {
-                store: dedup_store(config),
+                store: backend.dedup.clone(),
                 cache_size: config.dedup.cache_size.get() as u64,
                 group_id: config.kafka.group_id.clone(),
                 version: config.dedup.version.clone(),
@@ -585,6 +622,85 @@ impl ProsodyClient {
         }
     }
 
+    /// Adds the pipeline mode's defer and monopolization layers (each when enabled) to `stack`.
+    fn pipeline_layers(
+        &self,
+        stack: &mut StackSettings,
+        timers: &Timers,
+        backend: &Backend,
+    ) -> Result<(), ClientError> {
+        let config = &self.inner.config;
+        let mut defer_status = None;
+        if config.defer.enabled {
+            let loader = MessageLoader::start(LoaderSettings {
+                bootstrap_servers: self.inner.bootstrap_servers.clone(),
+                client_id: config.kafka.group_id.clone(),
+                cache_size: config.defer.loader.cache_size.get() as u64,
+                seek_timeout: config.defer.loader.seek_timeout,
+                discard_threshold: config.defer.loader.discard_threshold,
+                decode: DecodeLimits::default(),
+                overrides: Vec::new(),
+            })
+            .map_err(ClientError::kafka)?;
+            let settings = DeferSettings {
+                base: config.defer.base,
+                max_delay: config.defer.max_delay,
+                failure_threshold: config.defer.failure_threshold,
+                failure_window: config.defer.failure_window,
+                min_samples: DEFER_MIN_SAMPLES,
+                cache_size: config.defer.store_cache_size.get() as u64,
+            };
+            let status = DeferStatus::new(&settings);
+            defer_status = Some(status.clone());
+            stack.defer = Some(Box::new(DeferLayer {
+                settings,
+                store: backend.defer.clone(),
+                timers: timers.clone(),
+                loader: Arc::new(loader),
+                status,
+            }));
+        }
+        let mut monopolization_status = None;
+        if config.monopolization.enabled {
+            let status = MonopolizationStatus::default();
+            monopolization_status = Some(status.clone());
+            stack.monopolization = Some(Box::new(MonopolizationLayer {
+                settings: MonopolizationSettings {
+                    threshold: config.monopolization.threshold,
+                    window: config.monopolization.window,
+                    cache_size: config.monopolization.cache_size.get() as u64,
+                },
+                status,
+            }));
+        }
+        *self.inner.quality.lock() = Some((defer_status, monopolization_status));
+        Ok(())
+    }
+
+    /// The defer layer's state (is deferral on, the failure rate, counters) while subscribed
+    /// in pipeline mode with `deferEnabled`; `None` otherwise.
+    #[must_use]
+    pub fn defer_status(&self) -> Option<DeferSnapshot> {
+        self.inner
+            .quality
+            .lock()
+            .as_ref()
+            .and_then(|(defer, _)| defer.as_ref().map(DeferStatus::snapshot))
+    }
+
+    /// Events the monopolization layer rejected so far in this subscription; `None` when it is
+    /// not in the stack.
+    #[must_use]
+    pub fn monopolization_rejections(&self) -> Option<u64> {
+        self.inner
+            .quality
+            .lock()
+            .as_ref()
+            .and_then(|(_, monopolization)| {
+                monopolization.as_ref().map(MonopolizationStatus::rejected)
+            })
+    }
+
     /// Sends the lifecycle events queued so far to the telemetry topic and exports the spans
     /// buffered so far.
     pub async fn flush_telemetry(&self) {
@@ -600,9 +716,24 @@ impl ProsodyClient {
             .ok();
     }
 
+    /// The bottom of the stack: the handler with timers and (with collections) keyed state.
+    async fn handler_service<H: EventHandler>(
+        &self,
+        handler: H,
+        timers: &Timers,
+        backend: &Backend,
+    ) -> Result<(HandlerService<H>, Option<StateRuntime>), ClientError> {
+        let mut service = HandlerService::new(Arc::new(handler)).with_timers(timers.clone());
+        let state = self.state_runtime(backend).await?;
+        if let Some(state) = &state {
+            service = service.with_state(state.clone());
+        }
+        Ok((service, state))
+    }
+
     /// The keyed-state runtime of a subscription (`None` without collections), after storing
     /// the collections' identities durably.
-    async fn state_runtime(&self) -> Result<Option<StateRuntime>, ClientError> {
+    async fn state_runtime(&self, backend: &Backend) -> Result<Option<StateRuntime>, ClientError> {
         let config = &self.inner.config;
         let definitions = self.inner.collections.lock().clone();
         if definitions.is_empty() {
@@ -613,7 +744,7 @@ impl ProsodyClient {
             KafkaMessageLoader::new(&self.inner.bootstrap_servers, config.kafka.send_timeout)
                 .map_err(ClientError::kafka)?;
         let runtime = StateRuntime::new(
-            self.inner.state_store.clone(),
+            backend.state.clone(),
             config.kafka.group_id.clone(),
             collections,
         )
@@ -632,39 +763,14 @@ impl ProsodyClient {
     }
 }
 
-/// The durable tier of deduplication. Until the storage backends are wired into the client,
-/// every backend gets one in-memory store per process, so dedup holds across subscriptions
-/// and clients of the process (records are scoped by group, topic and partition) but not
-/// across restarts.
-fn dedup_store(_config: &Config) -> Arc<dyn DedupStore> {
-    static MEMORY: std::sync::OnceLock<storage_memory::MemoryDedupStore> =
-        std::sync::OnceLock::new();
-    Arc::new(
-        MEMORY
-            .get_or_init(|| storage_memory::MemoryDedupStore::new(SystemClock))
-            .clone(),
-    )
-}
+/// Outcomes the failure-rate window must hold before it can switch deferral off.
+const DEFER_MIN_SAMPLES: u64 = 20;
 
 /// `idempotenceTtlS` as a store TTL; the configuration keeps it within 1 s ..= 20 years.
 fn dedup_ttl(ttl: std::time::Duration) -> Ttl {
     let secs = u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX).max(1);
     Ttl::from_secs(secs).unwrap_or(Ttl::new(std::num::NonZeroU32::MIN))
 }
-
-/// The keyed-state store of the configured backend. Until the durable backends are wired into
-/// the client, one in-memory store per process, like dedup: state (and the durable identity
-/// of collections) holds across clients of the process but not across restarts.
-fn default_state_store(_config: &Config) -> Arc<dyn StateStore> {
-    static MEMORY: std::sync::OnceLock<storage_memory::MemoryStateStore> =
-        std::sync::OnceLock::new();
-    Arc::new(
-        MEMORY
-            .get_or_init(|| storage_memory::MemoryStateStore::new(SystemClock))
-            .clone(),
-    )
-}
-
 /// Starts the keyed-state recovery sweep; cancel the token to stop it.
 fn start_recovery(
     state: &StateRuntime,
@@ -705,23 +811,4 @@ fn validate_collections(
             message: error.expected,
         })
     })
-}
-
-/// The timer store of the configured backend.
-fn default_timer_store(config: &Config) -> Arc<dyn TimerStore> {
-    // Validated at configuration time: a whole number of seconds, at least one.
-    let slab_size = u32::try_from(config.timers.slab_size.as_secs())
-        .ok()
-        .and_then(SlabSize::from_secs)
-        .unwrap_or_default();
-    if config.storage.backend != StorageBackend::Memory {
-        // Until the durable backends are wired into the client, say loudly that timers will
-        // not survive a restart rather than fail a configuration that is otherwise valid.
-        warn!(
-            backend = ?config.storage.backend,
-            "durable timer storage is not wired into the client yet: timers are kept in memory \
-             and are lost on restart"
-        );
-    }
-    Arc::new(MemoryTimerStore::new(slab_size))
 }

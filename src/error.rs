@@ -34,6 +34,9 @@ pub enum ClientError {
     /// kind or payload is permanent; a store failure is transient).
     #[error(transparent)]
     State(#[from] RegistryError),
+    /// The storage backend could not be opened (a locked directory, an unreachable cluster).
+    #[error("storage: {0}")]
+    Storage(String),
     /// Any operation after `shutdown`.
     #[error("the client has been shut down")]
     ShutDown,
@@ -50,7 +53,7 @@ impl ClassifyError for ClientError {
         match self {
             Self::Producer(error) => error.error_class(),
             Self::State(error) => error.error_class(),
-            Self::Kafka(_) | Self::Probes(_) => ErrorClass::Transient,
+            Self::Kafka(_) | Self::Probes(_) | Self::Storage(_) => ErrorClass::Transient,
             Self::Config(_)
             | Self::AlreadySubscribed
             | Self::NotSubscribed

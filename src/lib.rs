@@ -8,6 +8,7 @@
 pub use prosody_api as api;
 pub use prosody_pipeline as pipeline;
 
+pub mod backend;
 pub mod client;
 pub mod config;
 pub mod error;

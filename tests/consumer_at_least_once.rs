@@ -29,10 +29,16 @@ use serde_json::Value;
 const RECORDS: usize = 4_000;
 const PARTITIONS: i32 = 2;
 
+/// Records the child handles before its handlers stop returning: the kill then always lands
+/// mid-stream, with handlers in flight, however fast the pipeline is.
+const HANDLED_BEFORE_STALL: usize = RECORDS / 2;
+
 /// Appends `partition offset` for every handled record and flushes, so the log survives
-/// SIGKILL exactly up to the last handled record.
+/// SIGKILL exactly up to the last handled record. After [`HANDLED_BEFORE_STALL`] records every
+/// handler hangs, as a crashed dependency would.
 struct LoggingHandler {
     log: parking_lot::Mutex<std::fs::File>,
+    started: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
@@ -44,6 +50,12 @@ impl EventHandler for LoggingHandler {
         _: &dyn EventContext,
         message: &Message,
     ) -> Result<Value, HandlerError> {
+        let started = self
+            .started
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if started >= HANDLED_BEFORE_STALL {
+            std::future::pending::<()>().await;
+        }
         tokio::time::sleep(Duration::from_millis(1)).await;
         let mut log = self.log.lock();
         writeln!(log, "{} {}", message.partition.0, message.offset.0)
@@ -86,6 +98,7 @@ async fn child_consumer() {
     client
         .subscribe(LoggingHandler {
             log: parking_lot::Mutex::new(file),
+            started: std::sync::atomic::AtomicUsize::new(0),
         })
         .await
         .expect("subscribe");

@@ -42,6 +42,9 @@ async fn run(mode: Mode, max_retries: u32, with_failure_topic: bool) -> Run {
         max_retries: Some(max_retries),
         retry_base_ms: Some(Duration::from_millis(1)),
         max_retry_delay_ms: Some(Duration::from_millis(10)),
+        // In-process retry is what these suites count; deferred retry has its own suite
+        // (tests/defer.rs) and would commit before the retries are done.
+        defer_enabled: Some(false),
         ..harness::options(&topic, &group)
     })
     .await

@@ -55,6 +55,8 @@ async fn healthy_rate(with_failing_key: bool) -> f64 {
         retry_base_ms: Some(Duration::from_millis(1)),
         max_retry_delay_ms: Some(Duration::from_millis(HANDLER_MS)),
         shutdown_timeout_ms: Some(Duration::from_secs(2)),
+        // The retry class of the fair scheduler is under test: retries in place, not deferred.
+        defer_enabled: Some(false),
         ..harness::options(&topic, &group)
     })
     .await

@@ -3,10 +3,13 @@
 //! records, excise, restart over a store that outlives the client, and a rebalance between
 //! two clients sharing one store.
 //!
-//! The memory backend keeps timers in the client's process, so a plain restart loses them
-//! (documented on `ProsodyClient::new`); the restart and rebalance cases give the clients one
-//! store through `ProsodyClient::with_timer_store`, as a durable backend would. The `RocksDB` and
-//! Cassandra suites run the same scenarios on their stores.
+//! Runs on the backend `PROSODY_TEST_STORAGE_BACKEND` names (see `common::harness`). The
+//! memory backend keeps timers in the client's process, so a plain restart loses them
+//! (documented on `ProsodyClient::new`): there the restart and rebalance cases give the clients
+//! one store through `ProsodyClient::with_timer_store`. On Cassandra both cases use the
+//! configured backend itself (one keyspace, one session per client); on `RocksDB` the restart
+//! reopens the first client's directory, and the rebalance (two live clients, which one
+//! embedded directory cannot serve) shares one `RocksStore` between them.
 
 #![allow(
     clippy::expect_used,
@@ -29,9 +32,11 @@ use prosody::api::{
     EventContext, EventHandler, ExciseMessage, HandlerError, Key, Message, Partition, SlabId,
     SlabSize, Timer, TimerKind, TimerTime,
 };
+use prosody::config::StorageBackend;
 use prosody::config::{ClientOptions, Config};
 use serde_json::{Value, json};
 use storage_memory::MemoryTimerStore;
+use storage_rocksdb::{RocksOptions, RocksStore};
 use tokio::sync::watch;
 
 /// One timer that fired, as a handler saw it.
@@ -181,8 +186,16 @@ fn options(topic: &str, group: &str) -> ClientOptions {
     }
 }
 
-fn shared_store() -> Arc<dyn TimerStore> {
-    Arc::new(MemoryTimerStore::new(SlabSize::from_secs(60).unwrap()))
+/// The store clients of one test share explicitly, when the backend cannot share by itself.
+fn shared_store(for_rebalance: bool) -> Option<Arc<dyn TimerStore>> {
+    let slab = SlabSize::from_secs(60).unwrap();
+    match harness::storage_backend() {
+        StorageBackend::Memory => Some(Arc::new(MemoryTimerStore::new(slab))),
+        StorageBackend::RocksDb if for_rebalance => Some(Arc::new(
+            RocksStore::open_temporary(&RocksOptions::new().with_slab_size(slab)).unwrap(),
+        )),
+        StorageBackend::RocksDb | StorageBackend::Cassandra => None,
+    }
 }
 
 async fn client_on(options: ClientOptions, store: Option<&Arc<dyn TimerStore>>) -> ProsodyClient {
@@ -240,8 +253,8 @@ async fn ten_thousand_timers_over_a_thousand_keys_fire_once_and_never_early() {
     let topic = common::unique_name("timers_load");
     let group = common::unique_name("timers_load_group");
     harness::create_topic(&topic, 4).await;
-    let store = shared_store();
-    let client = client_on(options(&topic, &group), Some(&store)).await;
+    let client = client_on(options(&topic, &group), None).await;
+    let store = client.timer_store().clone();
     let seen = Seen::new();
     client
         .subscribe(TimerHandler::new("a", &seen))
@@ -324,8 +337,8 @@ async fn the_timers_api_through_real_records() {
     let topic = common::unique_name("timers_api");
     let group = common::unique_name("timers_api_group");
     harness::create_topic(&topic, 2).await;
-    let store = shared_store();
-    let client = client_on(options(&topic, &group), Some(&store)).await;
+    let client = client_on(options(&topic, &group), None).await;
+    let store = client.timer_store().clone();
     let seen = Seen::new();
     client
         .subscribe(TimerHandler::new("a", &seen))
@@ -422,8 +435,9 @@ async fn pending_timers_fire_after_a_restart_on_a_store_that_outlives_the_client
     let topic = common::unique_name("timers_restart");
     let group = common::unique_name("timers_restart_group");
     harness::create_topic(&topic, 2).await;
-    let store = shared_store();
-    let first = client_on(options(&topic, &group), Some(&store)).await;
+    let shared = shared_store(false);
+    let options = options(&topic, &group);
+    let first = client_on(options.clone(), shared.as_ref()).await;
     let seen = Seen::new();
     first
         .subscribe(TimerHandler::new("first", &seen))
@@ -450,12 +464,19 @@ async fn pending_timers_fire_after_a_restart_on_a_store_that_outlives_the_client
         "the first client ended before any timer was due"
     );
     assert_eq!(seen.fired_count(), 0);
+    let store = shared
+        .clone()
+        .unwrap_or_else(|| first.timer_store().clone());
     assert_eq!(
         remaining(&store, &group, &topic, 2).await,
         usize::try_from(KEYS).unwrap()
     );
+    // The first client is gone before the second starts: on RocksDB this releases the
+    // directory the second reopens.
+    drop(store);
+    drop(first);
 
-    let second = client_on(options(&topic, &group), Some(&store)).await;
+    let second = client_on(options, shared.as_ref()).await;
     second
         .subscribe(TimerHandler::new("second", &seen))
         .await
@@ -483,9 +504,10 @@ async fn timers_of_moved_partitions_fire_on_the_new_owner_once() {
     let topic = common::unique_name("timers_rebalance");
     let group = common::unique_name("timers_rebalance_group");
     harness::create_topic(&topic, PARTITIONS).await;
-    let store = shared_store();
-    let first = client_on(options(&topic, &group), Some(&store)).await;
-    let second = client_on(options(&topic, &group), Some(&store)).await;
+    let shared = shared_store(true);
+    let first = client_on(options(&topic, &group), shared.as_ref()).await;
+    let second = client_on(options(&topic, &group), shared.as_ref()).await;
+    let store = shared.unwrap_or_else(|| first.timer_store().clone());
     let seen = Seen::new();
     first
         .subscribe(TimerHandler::new("first", &seen))

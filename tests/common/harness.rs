@@ -1,6 +1,7 @@
 //! A recording handler and client helpers for the consumer suites.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody::api::{EventContext, EventHandler, ExciseMessage, HandlerError, Message, Timer};
-use prosody::config::{ClientOptions, ProbePort};
+use prosody::config::{ClientOptions, ProbePort, StorageBackend};
 use prosody::{AdminClient, ProsodyClient};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
@@ -211,25 +212,93 @@ fn init_logging() {
     });
 }
 
-/// Options of a client on the real broker with the in-memory backend, fast commits, no probes.
+/// Options of a client on the real broker with fast commits and no probes, on the storage
+/// backend the run asks for (see [`storage_backend`]).
 pub fn options(topic: &str, group: &str) -> ClientOptions {
     init_logging();
-    ClientOptions {
-        bootstrap_servers: Some(vec![super::bootstrap_servers()]),
-        group_id: Some(group.to_owned()),
-        // Suites send with the client that consumes; stamped with its own group id (the
-        // default) those records would be skipped by loop prevention.
-        source_system: Some(format!("{group}-test-sender")),
-        subscribed_topics: Some(vec![topic.to_owned()]),
-        mock: Some(true),
-        probe_port: Some(ProbePort::Disabled),
-        commit_interval_ms: Some(Duration::from_millis(100)),
-        // The product default (1 s) is tight for the first sends of a fresh producer on a
-        // loaded two-core CI machine; tests are about consuming, not send latency.
-        send_timeout_ms: Some(Duration::from_secs(30)),
-        shutdown_timeout_ms: Some(Duration::from_secs(10)),
-        ..ClientOptions::default()
+    with_storage(
+        ClientOptions {
+            bootstrap_servers: Some(vec![super::bootstrap_servers()]),
+            group_id: Some(group.to_owned()),
+            // Suites send with the client that consumes; stamped with its own group id (the
+            // default) those records would be skipped by loop prevention.
+            source_system: Some(format!("{group}-test-sender")),
+            subscribed_topics: Some(vec![topic.to_owned()]),
+            mock: Some(true),
+            probe_port: Some(ProbePort::Disabled),
+            commit_interval_ms: Some(Duration::from_millis(100)),
+            // The product default (1 s) is tight for the first sends of a fresh producer on a
+            // loaded two-core CI machine; tests are about consuming, not send latency.
+            send_timeout_ms: Some(Duration::from_secs(30)),
+            shutdown_timeout_ms: Some(Duration::from_secs(10)),
+            ..ClientOptions::default()
+        },
+        group,
+    )
+}
+
+/// Keyspace of the facade suites on Cassandra; groups are unique per test, which isolates
+/// their data.
+pub const TEST_KEYSPACE: &str = "prosody_facade_tests";
+
+/// The storage backend the suites run on: `PROSODY_TEST_STORAGE_BACKEND` = `memory` (the
+/// default, mock mode's), `rocksdb` or `cassandra`. `scripts/test` runs the pipeline and
+/// timer suites once per backend.
+pub fn storage_backend() -> StorageBackend {
+    match std::env::var("PROSODY_TEST_STORAGE_BACKEND").as_deref() {
+        Err(_) | Ok("" | "memory") => StorageBackend::Memory,
+        Ok("rocksdb") => StorageBackend::RocksDb,
+        Ok("cassandra") => StorageBackend::Cassandra,
+        Ok(other) => {
+            panic!("PROSODY_TEST_STORAGE_BACKEND={other}: expected memory, rocksdb or cassandra")
+        }
     }
+}
+
+/// `options` on the run's backend. Mock mode implies memory, so a durable backend turns it
+/// off (with telemetry off, as mock mode has it). `RocksDB` clients of `group` get the first
+/// directory of the group no live client holds: consecutive clients of a group (a restart)
+/// share their store, concurrent ones (a rebalance) each get their own.
+pub fn with_storage(options: ClientOptions, group: &str) -> ClientOptions {
+    match storage_backend() {
+        StorageBackend::Memory => options,
+        StorageBackend::RocksDb => ClientOptions {
+            mock: Some(false),
+            telemetry_enabled: Some(false),
+            storage_backend: Some(StorageBackend::RocksDb),
+            state_cache_dir: Some(free_rocksdb_dir(group)),
+            ..options
+        },
+        StorageBackend::Cassandra => ClientOptions {
+            mock: Some(false),
+            telemetry_enabled: Some(false),
+            storage_backend: Some(StorageBackend::Cassandra),
+            cassandra_nodes: Some(super::cassandra_nodes()),
+            cassandra_keyspace: Some(TEST_KEYSPACE.to_owned()),
+            ..options
+        },
+    }
+}
+
+/// The first `<tmp>/prosody-tests/<group>-<n>` whose lock no live store holds.
+fn free_rocksdb_dir(group: &str) -> PathBuf {
+    let root = std::env::temp_dir().join("prosody-tests");
+    // More slots than clients any test runs at once.
+    (0..64)
+        .map(|slot| root.join(format!("{group}-{slot}")))
+        .find(|dir| {
+            std::fs::create_dir_all(dir).expect("test directory");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(dir.join(storage_rocksdb::LOCK_FILE))
+                .expect("lock file");
+            // Released when `file` drops, right here.
+            fs4::FileExt::try_lock(&file).is_ok()
+        })
+        .expect("a free directory")
 }
 
 /// Creates a topic on the real broker.

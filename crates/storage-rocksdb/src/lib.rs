@@ -14,6 +14,9 @@
 //! # }
 //! ```
 //!
+//! [`CachedStateStore`] is the other use: a local cache of keyed state in front of a durable
+//! store (Cassandra), see its module docs.
+//!
 //! # Layout
 //!
 //! One column family per concern (timers by key, timers by time, deferred work, dedup
@@ -53,6 +56,7 @@
 //! holds the holder's pid, so a second store fails with [`OpenError::Locked`] naming the
 //! directory and the holder; the OS releases it when the holder exits or is killed.
 
+mod cache;
 mod dedup;
 mod defer;
 mod error;
@@ -66,6 +70,7 @@ mod store;
 mod timer;
 mod ttl;
 
+pub use cache::CachedStateStore;
 pub use error::OpenError;
 pub use lock::LOCK_FILE;
 pub use options::RocksOptions;

@@ -2,16 +2,6 @@
 //! limit, and the drain on revocation. It knows nothing of librdkafka: records arrive through
 //! [`Engine::offer`], pausing goes out through [`FlowControl`], and handling through
 //! [`Dispatch`], so the whole engine runs in unit tests without a broker.
-//!
-//! A key that becomes active (its first event arrives while it is idle) is put on a ready
-//! list; a bounded set of runner tasks takes keys off it and runs each key's events one at a
-//! time until its queue is empty, then takes the next key. Spawning a task per activation
-//! would cost a task allocation, registration and wakeup for nearly every record when keys
-//! are many and each has few records queued. Runners are spawned only while fewer than
-//! [`RUNNERS_PER_SLOT`] times `max_concurrency` exist and exit when the list is empty, so an
-//! idle engine holds no task. The bound is above `max_concurrency` because a runner whose
-//! event waits for a retry gives its admission permit back but keeps its key (the key must
-//! not run its next event meanwhile); the spare runners let other keys use those permits.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -97,27 +87,14 @@ struct Slot {
     drained: Arc<Notify>,
 }
 
-/// Runners allowed per `max_concurrency` slot (see the module docs).
-const RUNNERS_PER_SLOT: usize = 2;
-
-/// A key whose queue has events and no runner yet.
-struct ReadyKey {
-    partition: TopicPartition,
-    generation: u64,
-    key: Key,
-}
-
-/// The ready list and the number of runner tasks alive.
-#[derive(Default)]
-struct Ready {
-    keys: std::collections::VecDeque<ReadyKey>,
-    runners: usize,
-}
+/// Called with the partitions of each revocation once their handlers have drained: what a
+/// process caches for the keys it owns (the keyed-state cache) must be dropped there, since
+/// the next owner may change the data.
+pub type RevocationHook = Arc<dyn Fn(&[TopicPartition]) + Send + Sync>;
 
 struct Inner {
     state: Mutex<HashMap<TopicPartition, Slot>>,
-    ready: Mutex<Ready>,
-    max_runners: usize,
+    revocation_hooks: Mutex<Vec<RevocationHook>>,
     generation: Mutex<u64>,
     dispatch: Arc<dyn Dispatch>,
     flow: Arc<dyn FlowControl>,
@@ -191,11 +168,7 @@ impl Engine {
         Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(HashMap::new()),
-                ready: Mutex::new(Ready::default()),
-                max_runners: limits
-                    .max_concurrency
-                    .max(1)
-                    .saturating_mul(RUNNERS_PER_SLOT),
+                revocation_hooks: Mutex::new(Vec::new()),
                 generation: Mutex::new(0),
                 dispatch,
                 flow,
@@ -206,6 +179,11 @@ impl Engine {
                 timers,
             }),
         }
+    }
+
+    /// Registers `hook` to run after each revocation has drained (see [`RevocationHook`]).
+    pub fn on_revoked(&self, hook: RevocationHook) {
+        self.inner.revocation_hooks.lock().push(hook);
     }
 
     /// The timers runtime, when the engine has one.
@@ -280,7 +258,7 @@ impl Engine {
         };
         match offer {
             Offer::StartRunner(key) => {
-                self.start(partition, generation, [key]);
+                self.spawn_runner(partition.clone(), generation, key);
                 true
             }
             Offer::Queued => true,
@@ -322,7 +300,18 @@ impl Engine {
             }
             slot.work.generation()
         };
-        self.start(partition, generation, start);
+        if start.is_empty() {
+            return;
+        }
+        let engine = self.clone();
+        let partition = partition.clone();
+        // One task from this (non-runtime) thread; it spawns the runners on the runtime's local
+        // queue, which needs no cross-thread wakeup per runner.
+        self.inner.runtime.spawn(async move {
+            for key in start {
+                engine.spawn_runner(partition.clone(), generation, key);
+            }
+        });
     }
 
     /// How many more records `partition` accepts before its backlog is full (0 when paused or
@@ -395,19 +384,26 @@ impl Engine {
                 }
             }
         }
-        let mut state = self.inner.state.lock();
-        partitions
-            .iter()
-            .filter_map(|partition| {
-                let slot = state.remove(partition)?;
-                slot.work.cancel_token().cancel();
-                self.inner
-                    .health
-                    .partition_revoked(partition.topic.as_str(), partition.partition.0);
-                let offset = slot.work.committable()?;
-                Some((partition.clone(), offset))
-            })
-            .collect()
+        let offsets = {
+            let mut state = self.inner.state.lock();
+            partitions
+                .iter()
+                .filter_map(|partition| {
+                    let slot = state.remove(partition)?;
+                    slot.work.cancel_token().cancel();
+                    self.inner
+                        .health
+                        .partition_revoked(partition.topic.as_str(), partition.partition.0);
+                    let offset = slot.work.committable()?;
+                    Some((partition.clone(), offset))
+                })
+                .collect()
+        };
+        let hooks = self.inner.revocation_hooks.lock().clone();
+        for hook in hooks {
+            hook(partitions);
+        }
+        offsets
     }
 
     /// The partitions currently assigned.
@@ -453,91 +449,32 @@ impl Engine {
         })
     }
 
-    /// Puts newly active keys of `partition` on the ready list and spawns the runners they
-    /// need, up to the bound.
-    fn start(
-        &self,
-        partition: &TopicPartition,
-        generation: u64,
-        keys: impl IntoIterator<Item = Key>,
-    ) {
-        let spawn = {
-            let mut ready = self.inner.ready.lock();
-            let before = ready.keys.len();
-            ready.keys.extend(keys.into_iter().map(|key| ReadyKey {
-                partition: partition.clone(),
-                generation,
-                key,
-            }));
-            let added = ready.keys.len() - before;
-            let spawn = added.min(self.inner.max_runners.saturating_sub(ready.runners));
-            ready.runners += spawn;
-            spawn
-        };
-        for _ in 0..spawn {
-            let engine = self.clone();
-            let run = async move { engine.run_ready().await };
-            // Inside the runtime, spawn locally; from a foreign thread, through the handle.
-            if Handle::try_current().is_ok() {
-                tokio::spawn(run);
-            } else {
-                self.inner.runtime.spawn(run);
-            }
-        }
-    }
-
-    /// A runner: runs ready keys until the list is empty.
-    async fn run_ready(self) {
-        /// Counts the runner out if its task ends any other way than by finding the list
-        /// empty (a panic, the runtime shutting down), so the bound is not eaten up.
-        struct Alive<'a>(&'a Inner, bool);
-        impl Drop for Alive<'_> {
-            fn drop(&mut self) {
-                if self.1 {
-                    let mut ready = self.0.ready.lock();
-                    ready.runners = ready.runners.saturating_sub(1);
-                }
-            }
-        }
-        let mut alive = Alive(&self.inner, true);
-        loop {
-            let next = {
-                let mut ready = self.inner.ready.lock();
-                let next = ready.keys.pop_front();
-                if next.is_none() {
-                    // Under the lock: a key added after this sees the runner gone and spawns.
-                    ready.runners = ready.runners.saturating_sub(1);
-                    alive.1 = false;
-                }
-                next
-            };
-            let Some(ReadyKey {
-                partition,
-                generation,
-                key,
-            }) = next
-            else {
-                return;
-            };
-            self.run_key(&partition, generation, &key).await;
+    fn spawn_runner(&self, partition: TopicPartition, generation: u64, key: Key) {
+        let engine = self.clone();
+        let run = async move { engine.run_key(partition, generation, key).await };
+        // Inside the runtime, spawn locally; from a foreign thread, through the handle.
+        if Handle::try_current().is_ok() {
+            tokio::spawn(run);
+        } else {
+            self.inner.runtime.spawn(run);
         }
     }
 
     /// Runs the events of one key, one at a time, until its queue is empty.
-    async fn run_key(&self, partition: &TopicPartition, generation: u64, key: &Key) {
+    async fn run_key(self, partition: TopicPartition, generation: u64, key: Key) {
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
             let permit =
-                PermitSlot::holding(self.inner.admission.acquire(key, TaskClass::Normal).await);
+                PermitSlot::holding(self.inner.admission.acquire(&key, TaskClass::Normal).await);
             let (event, cancel) = {
                 let mut state = self.inner.state.lock();
                 let Some(slot) = state
-                    .get_mut(partition)
+                    .get_mut(&partition)
                     .filter(|slot| slot.work.generation() == generation)
                 else {
                     return;
                 };
-                let Some(work) = slot.work.next_for(key) else {
+                let Some(work) = slot.work.next_for(&key) else {
                     return;
                 };
                 (work, slot.work.cancel_token().clone())
@@ -564,7 +501,7 @@ impl Engine {
                 // An earlier event of the key removed it after it fired: nothing to handle.
                 debug!(%partition, %key, time = %fired.timer.time, "fired timer was removed: skipped");
                 timers.finished(fired, true);
-                self.finish(partition, generation, None);
+                self.finish(&partition, generation, None);
                 drop(permit);
                 continue;
             }
@@ -586,7 +523,7 @@ impl Engine {
             if let (Some(fired), Some(timers)) = (&fired, timers) {
                 timers.finished(fired, completed);
             }
-            self.finish(partition, generation, offset.filter(|_| completed));
+            self.finish(&partition, generation, offset.filter(|_| completed));
             // Released only after the finish is recorded, so the engine never counts more
             // running events than there are permits (unless the dispatch gave it back).
             drop(permit);
@@ -614,8 +551,8 @@ impl Engine {
             }
             (finished, slot.drained.clone())
         };
-        if !finished.start.is_empty() {
-            self.start(partition, generation, finished.start);
+        for key in finished.start {
+            self.spawn_runner(partition.clone(), generation, key);
         }
         if finished.drained {
             drained.notify_one();
@@ -842,5 +779,32 @@ mod tests {
             "the queued event never ran"
         );
         assert_eq!(engine.assigned_partition_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn revocation_hooks_run_after_the_drain_with_the_revoked_partitions() {
+        let recorder = Arc::new(Recorder {
+            wait_for_cancel: true,
+            ..Recorder::default()
+        });
+        let flow = Arc::new(RecordingFlow::default());
+        let engine = engine(recorder.clone(), flow, 4, 16, Duration::from_millis(200));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook_seen = seen.clone();
+        let hook_recorder = recorder.clone();
+        engine.on_revoked(Arc::new(move |partitions: &[TopicPartition]| {
+            // Runs once nothing of the revoked partitions runs any more.
+            hook_seen.lock().push((
+                partitions.to_vec(),
+                hook_recorder.running.load(Ordering::SeqCst),
+            ));
+        }));
+        let partition = TopicPartition::new("t", 3);
+        engine.assign([partition.clone()]);
+        engine.offer(&partition, event("a", 0));
+        until(|| recorder.running.load(Ordering::SeqCst) == 1).await;
+        assert!(seen.lock().is_empty());
+        engine.revoke(std::slice::from_ref(&partition)).await;
+        assert_eq!(*seen.lock(), vec![(vec![partition], 0)]);
     }
 }

@@ -10,5 +10,5 @@ pub mod wakeup;
 pub mod work;
 
 pub use admission::{Admission, Permit, PermitSlot, SemaphoreAdmission, TaskClass};
-pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome};
+pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome, RevocationHook};
 pub use topic_partition::TopicPartition;

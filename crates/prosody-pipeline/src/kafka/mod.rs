@@ -4,6 +4,7 @@ pub mod admin;
 mod classify;
 pub mod decode;
 pub mod headers;
+pub mod loader;
 pub mod mock;
 pub mod producer;
 

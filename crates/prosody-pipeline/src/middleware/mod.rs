@@ -11,7 +11,8 @@
 //! | [`failure_policy`] | route what finally failed, and undecodable records: failure topic or log | all |
 //! | [`dedup`] | handle a payload `id` once per (key, id, version) | all |
 //! | [`retry`] | retry transient failures with backoff | pipeline (forever), low-latency |
-//! | *defer*, *monopolization* | slots kept for issue 6 | pipeline |
+//! | [`defer`] | store a transient failure and retry it later by timer, so the partition moves on | pipeline |
+//! | [`monopolization`] | reject a key over its share of handler time (then deferred) | pipeline |
 //! | [`shutdown`] | no new attempt once cancelled; end an attempt that ignores cancellation | all |
 //! | [`scheduled`] | hold a fair-scheduler permit while the attempt runs | all |
 //! | [`timeout`] | give the attempt a deadline (`timeoutMs`) past which its context reports cancellation | all |
@@ -25,8 +26,10 @@
 
 pub mod allowed_events;
 pub mod dedup;
+pub mod defer;
 pub mod failure_policy;
 pub mod loop_guard;
+pub mod monopolization;
 pub mod retry;
 pub mod scheduled;
 pub mod shutdown;

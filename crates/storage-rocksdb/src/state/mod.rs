@@ -19,7 +19,7 @@
 //! and cannot know that an item's bounds are gone.
 
 mod apply;
-mod codec;
+pub(crate) mod codec;
 
 use async_trait::async_trait;
 use prosody_api::storage::{

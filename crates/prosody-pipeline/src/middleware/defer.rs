@@ -1,0 +1,1179 @@
+//! Deferred retry (pipeline mode): a transient failure does not block its partition.
+//!
+//! When an event of a key fails transiently, this layer stores it through the
+//! [`DeferStore`] (a message by its offset, an application timer by its time), schedules a
+//! [`TimerKind::DeferRetry`] timer for the key and answers success, so the record's offset can
+//! commit and the partition moves on. From then on the key is *deferred*: every later message
+//! or timer of the key is stored behind the failed one without being handled, so the key's
+//! order holds. When the retry timer fires, the deferred work is retried head first (a
+//! message is reloaded from Kafka through the shared [loader](crate::kafka::loader)): what
+//! succeeds is removed and the next is tried at once; the first that fails again gets its
+//! retry count raised and a new timer `deferBaseMs * 2^retries` later (at most
+//! `deferMaxDelayMs`).
+//!
+//! **Failure-rate gate.** Deferring everything when everything fails would only move the
+//! load into storage. The layer keeps the rate of transient failures over
+//! `deferFailureWindowMs`; while it exceeds `deferFailureThreshold` deferral is off: a
+//! failure goes up to the retry layer, which retries it in place and so blocks the key
+//! (backpressure). Switching is logged and visible in [`DeferStatus`]. Keys already deferred
+//! stay deferred (their order must hold); their retries then block too.
+//!
+//! **Excise.** An excise record of a deferred key is not queued: it runs at once, and once it
+//! succeeds every deferred message and timer of the key is dropped with the key's retry timer
+//! (the data they carry is what the excise deletes). Its own `clear_scheduled()` removes the
+//! application timers as usual.
+//!
+//! Permanent failures of deferred work are logged and the work dropped (the failure policy
+//! above sees only the retry timer, not the record).
+//!
+//! **Cache.** Whether a key is deferred is asked for every event, so the layer keeps each
+//! key's deferred work in a bounded cache (`deferStoreCacheSize`) in front of the store. It is
+//! exact while the partition is owned (calls of a key are serialized and this process is the
+//! only writer); a revocation (the partition's cancellation) starts a new cache epoch so a
+//! partition that comes back is read from the store again.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
+use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
+use crate::event::{Event, FiredTimer};
+use crate::kafka::loader::LoadRecord;
+use crate::timers::{TimerWrite, Timers};
+
+/// Buckets the failure-rate window is divided in.
+const RATE_BUCKETS: u32 = 10;
+
+/// Limits and delays of the defer layer.
+#[derive(Clone, Copy, Debug)]
+pub struct DeferSettings {
+    /// Delay before the first deferred retry (`deferBaseMs`).
+    pub base: Duration,
+    /// Cap of the delay (`deferMaxDelayMs`).
+    pub max_delay: Duration,
+    /// Failure rate above which deferral switches off (`deferFailureThreshold`).
+    pub failure_threshold: f64,
+    /// Window of the failure rate (`deferFailureWindowMs`).
+    pub failure_window: Duration,
+    /// Outcomes the window must hold before the rate can switch deferral off: a handful of
+    /// early failures is not a rate.
+    pub min_samples: u64,
+    /// Keys whose deferred work is cached (`deferStoreCacheSize`).
+    pub cache_size: u64,
+}
+
+impl DeferSettings {
+    /// The delay before deferred retry number `retries` (from 0).
+    #[must_use]
+    pub fn delay(&self, retries: u32) -> Duration {
+        let factor = 2_u32.saturating_pow(retries.min(31));
+        self.base.saturating_mul(factor).min(self.max_delay)
+    }
+}
+
+/// Transient-failure rate over a rolling window, in buckets so memory stays constant.
+#[derive(Debug)]
+struct FailureRate {
+    window: Duration,
+    width: Duration,
+    buckets: VecDeque<Bucket>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    start: Instant,
+    successes: u64,
+    failures: u64,
+}
+
+impl FailureRate {
+    fn new(window: Duration) -> Self {
+        let window = window.max(Duration::from_millis(RATE_BUCKETS.into()));
+        Self {
+            window,
+            width: window / RATE_BUCKETS,
+            buckets: VecDeque::new(),
+        }
+    }
+
+    fn prune(&mut self, now: Instant) {
+        while let Some(front) = self.buckets.front() {
+            if front.start + self.width + self.window <= now {
+                self.buckets.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn record(&mut self, now: Instant, failed: bool) {
+        self.prune(now);
+        let current = match self.buckets.back_mut() {
+            Some(bucket) if now < bucket.start + self.width => bucket,
+            _ => {
+                self.buckets.push_back(Bucket {
+                    start: now,
+                    successes: 0,
+                    failures: 0,
+                });
+                self.buckets
+                    .back_mut()
+                    .unwrap_or_else(|| unreachable!("just pushed"))
+            }
+        };
+        if failed {
+            current.failures += 1;
+        } else {
+            current.successes += 1;
+        }
+    }
+
+    /// (failure rate, outcomes) in the window.
+    fn rate(&mut self, now: Instant) -> (f64, u64) {
+        self.prune(now);
+        let (successes, failures) = self.buckets.iter().fold((0_u64, 0_u64), |(s, f), bucket| {
+            (s + bucket.successes, f + bucket.failures)
+        });
+        let total = successes + failures;
+        if total == 0 {
+            return (0.0, 0);
+        }
+        #[allow(
+            clippy::cast_precision_loss,
+            reason = "a rate: counts far below 2^52 in any window"
+        )]
+        let rate = failures as f64 / total as f64;
+        (rate, total)
+    }
+}
+
+/// A snapshot of the defer layer, for logs, metrics and tests.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeferSnapshot {
+    /// True while new failures are deferred; false while the failure-rate gate has switched
+    /// deferral off (failures then block their key in the retry layer).
+    pub deferring: bool,
+    /// Transient-failure rate over the window.
+    pub failure_rate: f64,
+    /// Outcomes in the window.
+    pub samples: u64,
+    /// Messages and timers deferred so far (first failures and those queued behind them).
+    pub deferred: u64,
+    /// Deferred messages and timers handled successfully on a retry.
+    pub completed: u64,
+    /// Deferred work dropped (excise, permanent failure, record gone from Kafka).
+    pub dropped: u64,
+    /// Times the gate switched deferral off.
+    pub switched_off: u64,
+}
+
+#[derive(Debug)]
+struct StatusInner {
+    threshold: f64,
+    min_samples: u64,
+    rate: Mutex<FailureRate>,
+    deferring: AtomicBool,
+    deferred: AtomicU64,
+    completed: AtomicU64,
+    dropped: AtomicU64,
+    switched_off: AtomicU64,
+}
+
+/// The live state of a defer layer: its failure-rate gate and counters. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct DeferStatus {
+    inner: Arc<StatusInner>,
+}
+
+impl DeferStatus {
+    /// A gate for `settings`, deferring until failures say otherwise.
+    #[must_use]
+    pub fn new(settings: &DeferSettings) -> Self {
+        Self {
+            inner: Arc::new(StatusInner {
+                threshold: settings.failure_threshold,
+                min_samples: settings.min_samples,
+                rate: Mutex::new(FailureRate::new(settings.failure_window)),
+                deferring: AtomicBool::new(true),
+                deferred: AtomicU64::new(0),
+                completed: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
+                switched_off: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Records the outcome of one handler attempt.
+    fn record(&self, verdict: &Verdict) {
+        let failed = match verdict {
+            Ok(_) => false,
+            Err(failure) if failure.kind == FailureKind::Transient => true,
+            Err(_) => return,
+        };
+        let mut rate = self.inner.rate.lock();
+        rate.record(Instant::now(), failed);
+        // A success cannot shut an open gate, so the common case skips the evaluation.
+        if failed || !self.inner.deferring.load(Ordering::Relaxed) {
+            self.update(&mut rate);
+        }
+    }
+
+    /// Re-evaluates the gate and reports whether deferral is on.
+    #[must_use]
+    pub fn is_deferring(&self) -> bool {
+        let mut rate = self.inner.rate.lock();
+        self.update(&mut rate)
+    }
+
+    fn update(&self, rate: &mut FailureRate) -> bool {
+        let (failure_rate, samples) = rate.rate(Instant::now());
+        let deferring = samples < self.inner.min_samples || failure_rate <= self.inner.threshold;
+        let was = self.inner.deferring.swap(deferring, Ordering::SeqCst);
+        if was && !deferring {
+            self.inner.switched_off.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                failure_rate,
+                samples,
+                threshold = self.inner.threshold,
+                "failure rate over the threshold: deferral switched off, failures now block their key"
+            );
+        } else if !was && deferring {
+            info!(
+                failure_rate,
+                samples,
+                threshold = self.inner.threshold,
+                "failure rate back under the threshold: deferral switched on"
+            );
+        }
+        deferring
+    }
+
+    /// The state now.
+    #[must_use]
+    pub fn snapshot(&self) -> DeferSnapshot {
+        let mut rate = self.inner.rate.lock();
+        let deferring = self.update(&mut rate);
+        let (failure_rate, samples) = rate.rate(Instant::now());
+        DeferSnapshot {
+            deferring,
+            failure_rate,
+            samples,
+            deferred: self.inner.deferred.load(Ordering::Relaxed),
+            completed: self.inner.completed.load(Ordering::Relaxed),
+            dropped: self.inner.dropped.load(Ordering::Relaxed),
+            switched_off: self.inner.switched_off.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count(&self, counter: fn(&StatusInner) -> &AtomicU64) {
+        counter(&self.inner).fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One key's deferred work, as stored.
+#[derive(Clone, Debug, Default)]
+struct KeyWork {
+    messages: BTreeMap<Offset, u32>,
+    timers: BTreeMap<TimerTime, u32>,
+}
+
+/// What is retried next: messages first (they came through the key's queue in order), then
+/// timers.
+#[derive(Clone, Copy, Debug)]
+enum Head {
+    Message(Offset, u32),
+    Timer(TimerTime, u32),
+}
+
+impl KeyWork {
+    fn is_empty(&self) -> bool {
+        self.messages.is_empty() && self.timers.is_empty()
+    }
+
+    fn head(&self) -> Option<Head> {
+        if let Some((&offset, &retries)) = self.messages.first_key_value() {
+            return Some(Head::Message(offset, retries));
+        }
+        self.timers
+            .first_key_value()
+            .map(|(&time, &retries)| Head::Timer(time, retries))
+    }
+}
+
+type CacheKey = (Topic, Partition, u64, Key);
+
+/// Where one event's key lives.
+struct Place {
+    topic: Topic,
+    partition: Partition,
+    key: Key,
+    scope: PartitionScope,
+    cache_key: CacheKey,
+}
+
+/// The defer layer.
+pub struct Defer {
+    settings: DeferSettings,
+    store: Arc<dyn DeferStore>,
+    timers: Timers,
+    loader: Arc<dyn LoadRecord>,
+    status: DeferStatus,
+    cache: Mutex<Cache>,
+    inner: Arc<dyn Service>,
+}
+
+/// The cache of deferred work and its epochs, under one lock: a lookup costs one lock, where a
+/// concurrent cache would add its own synchronisation to every event.
+#[derive(Default)]
+struct Cache {
+    capacity: usize,
+    epochs: HashMap<(Topic, Partition), (CancellationToken, u64)>,
+    next_epoch: u64,
+    work: HashMap<CacheKey, Arc<KeyWork>>,
+}
+
+impl Cache {
+    fn insert(&mut self, key: CacheKey, work: Arc<KeyWork>) {
+        self.work.insert(key, work);
+        if self.work.len() > self.capacity {
+            // Keys with nothing deferred are cheapest to read again; beyond that, arbitrary
+            // ones go (they are read from the store when next seen). A quarter at a time
+            // keeps the cost per event constant.
+            let excess = self.work.len() - (self.capacity - self.capacity / 4);
+            let mut evicted: Vec<CacheKey> = self
+                .work
+                .iter()
+                .filter(|(_, work)| work.is_empty())
+                .map(|(key, _)| key.clone())
+                .take(excess)
+                .collect();
+            if evicted.len() < excess {
+                let more = excess - evicted.len();
+                evicted.extend(
+                    self.work
+                        .iter()
+                        .filter(|(_, work)| !work.is_empty())
+                        .map(|(key, _)| key.clone())
+                        .take(more),
+                );
+            }
+            for key in evicted {
+                self.work.remove(&key);
+            }
+        }
+    }
+}
+
+/// Builds a [`Defer`].
+pub struct DeferLayer {
+    /// Delays, gate and cache size.
+    pub settings: DeferSettings,
+    /// Where deferred work is kept.
+    pub store: Arc<dyn DeferStore>,
+    /// Where retry timers are kept (the engine's timers runtime, which fires them).
+    pub timers: Timers,
+    /// Reloads deferred messages.
+    pub loader: Arc<dyn LoadRecord>,
+    /// The gate and counters, shared with whoever observes them.
+    pub status: DeferStatus,
+}
+
+impl Layer for DeferLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        Arc::new(Defer {
+            cache: Mutex::new(Cache {
+                capacity: usize::try_from(self.settings.cache_size)
+                    .unwrap_or(usize::MAX)
+                    .max(1),
+                ..Cache::default()
+            }),
+            settings: self.settings,
+            store: self.store,
+            timers: self.timers,
+            loader: self.loader,
+            status: self.status,
+            inner,
+        })
+    }
+}
+
+fn storage_failure(error: &StorageError, attempt: u32) -> Failure {
+    Failure::new(
+        FailureKind::Transient,
+        format!("deferred-work storage failed: {error}"),
+        attempt,
+    )
+}
+
+#[async_trait]
+impl Service for Defer {
+    async fn call(&self, task: &Task) -> Verdict {
+        match &*task.event {
+            Event::Timer(fired) if fired.kind == TimerKind::DeferRetry => {
+                self.retry_deferred(task, fired).await
+            }
+            Event::Rejected(_) => self.inner.call(task).await,
+            Event::Excise(_) => self.excise(task).await,
+            Event::Message(_) | Event::Timer(_) => self.handle(task).await,
+        }
+    }
+}
+
+impl Defer {
+    fn place(&self, task: &Task) -> Place {
+        let (topic, partition) = task.event.source();
+        let key = task.event.key().clone();
+        let epoch = {
+            let mut cache = self.cache.lock();
+            match cache.epochs.get(&(topic.clone(), partition)) {
+                Some((token, epoch)) if !token.is_cancelled() => *epoch,
+                _ => {
+                    // First sight of the partition, or it was revoked since: a new epoch, so
+                    // nothing cached from an earlier ownership is trusted. What the old epoch
+                    // cached ages out through eviction.
+                    cache.next_epoch += 1;
+                    let epoch = cache.next_epoch;
+                    cache
+                        .epochs
+                        .insert((topic.clone(), partition), (task.cancel.clone(), epoch));
+                    epoch
+                }
+            }
+        };
+        Place {
+            scope: self.timers.scope(topic, partition),
+            cache_key: (topic.clone(), partition, epoch, key.clone()),
+            topic: topic.clone(),
+            partition,
+            key,
+        }
+    }
+
+    /// The key's deferred work, from the cache or the store. Work read from the store gets a
+    /// retry timer if it has none (a crash between storing work and its timer, or a new
+    /// owner of the partition).
+    async fn work(&self, place: &Place) -> Result<Arc<KeyWork>, StorageError> {
+        if let Some(work) = self.cache.lock().work.get(&place.cache_key) {
+            return Ok(work.clone());
+        }
+        let messages = self
+            .store
+            .deferred_messages(&place.scope, &place.key)
+            .await?;
+        let timers = self.store.deferred_timers(&place.scope, &place.key).await?;
+        let work = KeyWork {
+            messages: messages
+                .into_iter()
+                .map(|message| (message.offset, message.retry_count))
+                .collect(),
+            timers: timers
+                .into_iter()
+                .map(|timer| (timer.time, timer.retry_count))
+                .collect(),
+        };
+        if !work.is_empty() {
+            let scheduled = self
+                .timers
+                .store()
+                .scheduled(&place.scope, &place.key, TimerKind::DeferRetry)
+                .await?;
+            if scheduled.is_empty() {
+                debug!(key = %place.key, "deferred work without a retry timer: scheduling one");
+                self.schedule_retry(place, 0, None).await?;
+            }
+        }
+        let work = Arc::new(work);
+        self.cache
+            .lock()
+            .insert(place.cache_key.clone(), work.clone());
+        Ok(work)
+    }
+
+    fn remember(&self, place: &Place, work: KeyWork) {
+        self.cache
+            .lock()
+            .insert(place.cache_key.clone(), Arc::new(work));
+    }
+
+    /// Schedules the key's one retry timer `delay(retries)` from now, strictly after `after`
+    /// (the timer being handled, which must not be rescheduled onto itself).
+    async fn schedule_retry(
+        &self,
+        place: &Place,
+        retries: u32,
+        after: Option<TimerTime>,
+    ) -> Result<TimerTime, StorageError> {
+        let due = SystemTime::now() + self.settings.delay(retries);
+        // Rounded up: a retry never comes before its delay.
+        let mut time = TimerTime::from_secs(TimerTime::from_system_time(due).as_secs() + 1);
+        if let Some(after) = after {
+            time = time.max(TimerTime::from_secs(after.as_secs() + 1));
+        }
+        self.timers
+            .write_now(
+                &place.topic,
+                place.partition,
+                &place.key,
+                &TimerWrite::ClearAndSchedule(TimerKind::DeferRetry, time),
+            )
+            .await?;
+        Ok(time)
+    }
+
+    /// Stores `event` as deferred work of its key behind `work`, scheduling the key's retry
+    /// timer when it is the first.
+    async fn defer(
+        &self,
+        place: &Place,
+        work: &KeyWork,
+        event: &Event,
+    ) -> Result<(), StorageError> {
+        let mut next = work.clone();
+        match event {
+            Event::Message(_) | Event::Excise(_) => {
+                let Some(offset) = event.offset() else {
+                    return Ok(());
+                };
+                if next.messages.contains_key(&offset) {
+                    // Redelivered after a crash before its offset committed: already there.
+                    return Ok(());
+                }
+                self.store
+                    .defer_message(
+                        &place.scope,
+                        &place.key,
+                        DeferredMessage {
+                            offset,
+                            retry_count: 0,
+                        },
+                    )
+                    .await?;
+                next.messages.insert(offset, 0);
+            }
+            Event::Timer(fired) => {
+                let time = fired.timer.time;
+                self.store
+                    .defer_timer(
+                        &place.scope,
+                        &place.key,
+                        DeferredTimer {
+                            time,
+                            retry_count: 0,
+                        },
+                    )
+                    .await?;
+                // The deferred entry is the timer now; the engine forgets the fired one when
+                // this event completes, and the store must not fire it again on restart.
+                self.timers
+                    .write_now(
+                        &place.topic,
+                        place.partition,
+                        &place.key,
+                        &TimerWrite::Unschedule(fired.kind, time),
+                    )
+                    .await?;
+                next.timers.insert(time, 0);
+            }
+            Event::Rejected(_) => return Ok(()),
+        }
+        if work.is_empty() {
+            self.schedule_retry(place, 0, None).await?;
+        }
+        self.status.count(|inner| &inner.deferred);
+        self.remember(place, next);
+        Ok(())
+    }
+
+    /// A message or application timer: queued behind the key's deferred work, or handled and
+    /// deferred when it fails transiently.
+    async fn handle(&self, task: &Task) -> Verdict {
+        let place = self.place(task);
+        let work = self
+            .work(&place)
+            .await
+            .map_err(|error| storage_failure(&error, task.attempt))?;
+        if !work.is_empty() {
+            self.defer(&place, &work, &task.event)
+                .await
+                .map_err(|error| storage_failure(&error, task.attempt))?;
+            debug!(key = %place.key, offset = ?task.event.offset(), "key is deferred: queued behind");
+            return Ok(Value::Null);
+        }
+        let verdict = self.inner.call(task).await;
+        self.status.record(&verdict);
+        self.defer_failure(&place, &work, task, verdict).await
+    }
+
+    /// Defers a transient failure when the gate allows; anything else passes up.
+    async fn defer_failure(
+        &self,
+        place: &Place,
+        work: &KeyWork,
+        task: &Task,
+        verdict: Verdict,
+    ) -> Verdict {
+        let failure = match verdict {
+            Err(failure) if failure.kind == FailureKind::Transient => failure,
+            verdict => return verdict,
+        };
+        if !self.status.is_deferring() {
+            return Err(failure);
+        }
+        match self.defer(place, work, &task.event).await {
+            Ok(()) => {
+                warn!(key = %place.key, offset = ?task.event.offset(), reason = %failure.reason,
+                    retry_in = ?self.settings.delay(0), "transient failure: deferred");
+                Ok(Value::Null)
+            }
+            Err(error) => {
+                warn!(key = %place.key, %error, "cannot defer: retrying in place");
+                Err(failure)
+            }
+        }
+    }
+
+    /// An excise record runs at once; once it succeeded, the key's deferred work is dropped.
+    async fn excise(&self, task: &Task) -> Verdict {
+        let place = self.place(task);
+        let work = self
+            .work(&place)
+            .await
+            .map_err(|error| storage_failure(&error, task.attempt))?;
+        let verdict = self.inner.call(task).await;
+        self.status.record(&verdict);
+        if verdict.is_ok() {
+            if !work.is_empty() {
+                self.drop_work(&place, &work)
+                    .await
+                    .map_err(|error| storage_failure(&error, task.attempt))?;
+            }
+            return verdict;
+        }
+        self.defer_failure(&place, &work, task, verdict).await
+    }
+
+    async fn drop_work(&self, place: &Place, work: &KeyWork) -> Result<(), StorageError> {
+        self.store
+            .clear_deferred_messages(&place.scope, &place.key)
+            .await?;
+        self.store
+            .clear_deferred_timers(&place.scope, &place.key)
+            .await?;
+        self.timers
+            .write_now(
+                &place.topic,
+                place.partition,
+                &place.key,
+                &TimerWrite::Clear(TimerKind::DeferRetry),
+            )
+            .await?;
+        for offset in work.messages.keys() {
+            self.loader.forget(&place.topic, place.partition, *offset);
+        }
+        let dropped = work.messages.len() + work.timers.len();
+        for _ in 0..dropped {
+            self.status.count(|inner| &inner.dropped);
+        }
+        info!(key = %place.key, messages = work.messages.len(), timers = work.timers.len(),
+            "key excised: its deferred work is dropped");
+        self.remember(place, KeyWork::default());
+        Ok(())
+    }
+
+    /// The key's retry timer fired: retry its deferred work, head first.
+    async fn retry_deferred(&self, task: &Task, fired: &FiredTimer) -> Verdict {
+        let place = self.place(task);
+        let mut work = (*self
+            .work(&place)
+            .await
+            .map_err(|error| storage_failure(&error, task.attempt))?)
+        .clone();
+        while let Some(head) = work.head() {
+            let verdict = self.retry_head(task, &place, head).await;
+            match verdict {
+                Ok(()) => {
+                    self.status.count(|inner| &inner.completed);
+                    if let Err(error) = self.remove_head(&place, &mut work, head).await {
+                        self.remember(&place, work);
+                        return Err(storage_failure(&error, task.attempt));
+                    }
+                }
+                Err(failure) if failure.kind == FailureKind::Permanent => {
+                    error!(key = %place.key, ?head, reason = %failure.reason,
+                        "deferred work failed permanently: dropped");
+                    self.status.count(|inner| &inner.dropped);
+                    if let Err(error) = self.remove_head(&place, &mut work, head).await {
+                        self.remember(&place, work);
+                        return Err(storage_failure(&error, task.attempt));
+                    }
+                }
+                Err(failure) if failure.kind == FailureKind::Transient => {
+                    if !self.status.is_deferring() {
+                        // The gate is shut: the retry layer retries this timer in place, which
+                        // blocks the key as a non-deferred failure would.
+                        self.remember(&place, work);
+                        return Err(failure);
+                    }
+                    let retries = match head {
+                        Head::Message(_, retries) | Head::Timer(_, retries) => {
+                            retries.saturating_add(1)
+                        }
+                    };
+                    let stored = self.bump(&place, &mut work, head, retries).await;
+                    let scheduled = match stored {
+                        Ok(()) => {
+                            self.schedule_retry(&place, retries, Some(fired.timer.time))
+                                .await
+                        }
+                        Err(error) => Err(error),
+                    };
+                    self.remember(&place, work);
+                    return match scheduled {
+                        Ok(time) => {
+                            warn!(key = %place.key, ?head, retries, reason = %failure.reason,
+                                retry_at = %time, "deferred work failed again: retrying later");
+                            Ok(Value::Null)
+                        }
+                        Err(error) => Err(storage_failure(&error, task.attempt)),
+                    };
+                }
+                Err(failure) => {
+                    self.remember(&place, work);
+                    return Err(failure);
+                }
+            }
+        }
+        // Everything retried: the key is no longer deferred, and its timer is done.
+        self.remember(&place, work);
+        self.timers
+            .write_now(
+                &place.topic,
+                place.partition,
+                &place.key,
+                &TimerWrite::Unschedule(TimerKind::DeferRetry, fired.timer.time),
+            )
+            .await
+            .map_err(|error| storage_failure(&error, task.attempt))?;
+        Ok(Value::Null)
+    }
+
+    /// One retry of the head of the key's deferred work through the layers below.
+    async fn retry_head(&self, task: &Task, place: &Place, head: Head) -> Result<(), Failure> {
+        let (event, retries) = match head {
+            Head::Message(offset, retries) => {
+                match self
+                    .loader
+                    .load(&place.topic, place.partition, offset)
+                    .await
+                {
+                    Ok(event) => (event, retries),
+                    Err(error) => {
+                        let kind = if error.is_permanent() {
+                            FailureKind::Permanent
+                        } else {
+                            FailureKind::Transient
+                        };
+                        return Err(Failure::new(
+                            kind,
+                            format!("reloading the deferred message failed: {error}"),
+                            task.attempt,
+                        ));
+                    }
+                }
+            }
+            Head::Timer(time, retries) => (
+                Event::Timer(FiredTimer {
+                    topic: place.topic.clone(),
+                    partition: place.partition,
+                    kind: TimerKind::Application,
+                    timer: Timer {
+                        key: place.key.clone(),
+                        time,
+                    },
+                }),
+                retries,
+            ),
+        };
+        let retry = Task {
+            event: Arc::new(event),
+            cancel: task.cancel.clone(),
+            deadline: task.deadline,
+            // The first attempt failed before the work was deferred.
+            attempt: retries.saturating_add(2),
+            permit: task.permit.clone(),
+        };
+        let verdict = self.inner.call(&retry).await;
+        self.status.record(&verdict);
+        verdict.map(|_| ())
+    }
+
+    async fn remove_head(
+        &self,
+        place: &Place,
+        work: &mut KeyWork,
+        head: Head,
+    ) -> Result<(), StorageError> {
+        match head {
+            Head::Message(offset, _) => {
+                self.store
+                    .remove_deferred_message(&place.scope, &place.key, offset)
+                    .await?;
+                self.loader.forget(&place.topic, place.partition, offset);
+                work.messages.remove(&offset);
+            }
+            Head::Timer(time, _) => {
+                self.store
+                    .remove_deferred_timer(&place.scope, &place.key, time)
+                    .await?;
+                work.timers.remove(&time);
+            }
+        }
+        Ok(())
+    }
+
+    async fn bump(
+        &self,
+        place: &Place,
+        work: &mut KeyWork,
+        head: Head,
+        retries: u32,
+    ) -> Result<(), StorageError> {
+        match head {
+            Head::Message(offset, _) => {
+                self.store
+                    .defer_message(
+                        &place.scope,
+                        &place.key,
+                        DeferredMessage {
+                            offset,
+                            retry_count: retries,
+                        },
+                    )
+                    .await?;
+                work.messages.insert(offset, retries);
+            }
+            Head::Timer(time, _) => {
+                self.store
+                    .defer_timer(
+                        &place.scope,
+                        &place.key,
+                        DeferredTimer {
+                            time,
+                            retry_count: retries,
+                        },
+                    )
+                    .await?;
+                work.timers.insert(time, retries);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::loader::LoadError;
+    use crate::middleware::stack::testing::{excise, message, task};
+    use crate::timers::TimerSettings;
+    use prosody_api::{SlabSize, SystemClock};
+    use serde_json::json;
+    use storage_memory::{MemoryDeferStore, MemoryTimerStore};
+
+    /// Records what reaches it; fails transiently while `failing` is set.
+    #[derive(Default)]
+    struct Inner {
+        failing: AtomicBool,
+        seen: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Service for Inner {
+        async fn call(&self, task: &Task) -> Verdict {
+            let what = match &*task.event {
+                Event::Message(message) => format!("m{}", message.offset.0),
+                Event::Timer(fired) => format!("t{}", fired.timer.time.as_secs()),
+                Event::Excise(_) => "x".to_owned(),
+                Event::Rejected(_) => "r".to_owned(),
+            };
+            self.seen.lock().push(what);
+            if self.failing.load(Ordering::SeqCst) {
+                Err(Failure::new(FailureKind::Transient, "down", task.attempt))
+            } else {
+                Ok(Value::Null)
+            }
+        }
+    }
+
+    /// Reloads `message("k")` at any offset.
+    struct Reloader;
+
+    #[async_trait]
+    impl LoadRecord for Reloader {
+        async fn load(&self, _: &Topic, _: Partition, offset: Offset) -> Result<Event, LoadError> {
+            let Event::Message(mut reloaded) = message("k", json!({})) else {
+                unreachable!()
+            };
+            reloaded.offset = offset;
+            Ok(Event::Message(reloaded))
+        }
+
+        fn forget(&self, _: &Topic, _: Partition, _: Offset) {}
+    }
+
+    struct Fixture {
+        layer: Arc<dyn Service>,
+        inner: Arc<Inner>,
+        store: MemoryDeferStore,
+        timers: Timers,
+        status: DeferStatus,
+    }
+
+    fn fixture() -> Fixture {
+        let settings = DeferSettings {
+            base: Duration::from_secs(1),
+            max_delay: Duration::from_secs(4),
+            failure_threshold: 0.9,
+            failure_window: Duration::from_secs(60),
+            min_samples: 1_000,
+            cache_size: 16,
+        };
+        let store = MemoryDeferStore::new();
+        let timers = Timers::new(
+            Arc::new(MemoryTimerStore::new(SlabSize::DEFAULT)),
+            "group",
+            Arc::new(SystemClock),
+            TimerSettings::default(),
+        );
+        let status = DeferStatus::new(&settings);
+        let inner = Arc::new(Inner::default());
+        let layer = Box::new(DeferLayer {
+            settings,
+            store: Arc::new(store.clone()),
+            timers: timers.clone(),
+            loader: Arc::new(Reloader),
+            status: status.clone(),
+        })
+        .wrap(inner.clone());
+        Fixture {
+            layer,
+            inner,
+            store,
+            timers,
+            status,
+        }
+    }
+
+    fn at(event: Event, offset: i64) -> Task {
+        let Event::Message(mut message) = event else {
+            unreachable!()
+        };
+        message.offset = Offset(offset);
+        task(Event::Message(message))
+    }
+
+    fn fired(kind: TimerKind, time: TimerTime) -> Task {
+        task(Event::Timer(FiredTimer {
+            topic: Topic::from("t"),
+            partition: Partition(0),
+            kind,
+            timer: Timer {
+                key: Key::from("k"),
+                time,
+            },
+        }))
+    }
+
+    impl Fixture {
+        fn scope(&self) -> PartitionScope {
+            self.timers.scope(&Topic::from("t"), Partition(0))
+        }
+
+        async fn retry_timers(&self) -> Vec<TimerTime> {
+            self.timers
+                .store()
+                .scheduled(&self.scope(), &Key::from("k"), TimerKind::DeferRetry)
+                .await
+                .unwrap()
+        }
+
+        async fn deferred(&self) -> (Vec<i64>, Vec<u64>) {
+            let key = Key::from("k");
+            let messages = self.store.deferred_messages(&self.scope(), &key).await;
+            let timers = self.store.deferred_timers(&self.scope(), &key).await;
+            (
+                messages.unwrap().iter().map(|m| m.offset.0).collect(),
+                timers.unwrap().iter().map(|t| t.time.as_secs()).collect(),
+            )
+        }
+
+        fn seen(&self) -> Vec<String> {
+            self.inner.seen.lock().clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failure_is_deferred_later_work_queues_behind_and_the_timer_retries_in_order() {
+        let f = fixture();
+        f.inner.failing.store(true, Ordering::SeqCst);
+        assert_eq!(
+            f.layer.call(&at(message("k", json!({})), 1)).await,
+            Ok(Value::Null)
+        );
+        let retry = f.retry_timers().await;
+        assert_eq!(retry.len(), 1, "one retry timer");
+        f.inner.failing.store(false, Ordering::SeqCst);
+        assert_eq!(
+            f.layer.call(&at(message("k", json!({})), 2)).await,
+            Ok(Value::Null)
+        );
+        let app = TimerTime::from_secs(5);
+        assert_eq!(
+            f.layer.call(&fired(TimerKind::Application, app)).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(f.seen(), ["m1"], "later work of the key is not handled yet");
+        assert_eq!(f.deferred().await, (vec![1, 2], vec![5]));
+
+        // The retry fails once more: the count rises and a later timer replaces the fired one.
+        f.inner.failing.store(true, Ordering::SeqCst);
+        let first = fired(TimerKind::DeferRetry, retry[0]);
+        assert_eq!(f.layer.call(&first).await, Ok(Value::Null));
+        let again = f.retry_timers().await;
+        assert!(
+            again.len() == 1 && again[0] > retry[0],
+            "{again:?} after {retry:?}"
+        );
+        let messages = f.store.deferred_messages(&f.scope(), &Key::from("k")).await;
+        assert_eq!(messages.unwrap()[0].retry_count, 1);
+
+        f.inner.failing.store(false, Ordering::SeqCst);
+        assert_eq!(
+            f.layer.call(&fired(TimerKind::DeferRetry, again[0])).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(f.seen(), ["m1", "m1", "m1", "m2", "t5"], "in order");
+        assert_eq!(f.deferred().await, (vec![], vec![]));
+        assert!(f.retry_timers().await.is_empty());
+        let snapshot = f.status.snapshot();
+        assert_eq!((snapshot.deferred, snapshot.completed), (3, 3));
+        // The key is no longer deferred: its next message is handled at once.
+        assert_eq!(
+            f.layer.call(&at(message("k", json!({})), 3)).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(f.seen().last().map(String::as_str), Some("m3"));
+    }
+
+    #[tokio::test]
+    async fn a_shut_gate_passes_failures_up() {
+        let f = fixture();
+        // Every outcome so far failed and the window has enough of them.
+        let closed = DeferStatus::new(&DeferSettings {
+            min_samples: 1,
+            ..f_settings()
+        });
+        closed.record(&Err(Failure::new(FailureKind::Transient, "x", 1)));
+        let layer = Box::new(DeferLayer {
+            settings: f_settings(),
+            store: Arc::new(f.store.clone()),
+            timers: f.timers.clone(),
+            loader: Arc::new(Reloader),
+            status: closed.clone(),
+        })
+        .wrap(f.inner.clone());
+        f.inner.failing.store(true, Ordering::SeqCst);
+        let verdict = layer.call(&at(message("k", json!({})), 1)).await;
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
+        assert_eq!(f.deferred().await, (vec![], vec![]));
+        assert!(!closed.snapshot().deferring);
+    }
+
+    fn f_settings() -> DeferSettings {
+        DeferSettings {
+            base: Duration::from_secs(1),
+            max_delay: Duration::from_secs(4),
+            failure_threshold: 0.5,
+            failure_window: Duration::from_secs(60),
+            min_samples: 1,
+            cache_size: 16,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_excise_runs_at_once_and_drops_the_deferred_work() {
+        let f = fixture();
+        f.inner.failing.store(true, Ordering::SeqCst);
+        f.layer.call(&at(message("k", json!({})), 1)).await.unwrap();
+        f.layer.call(&at(message("k", json!({})), 2)).await.unwrap();
+        f.inner.failing.store(false, Ordering::SeqCst);
+        assert_eq!(f.layer.call(&task(excise("k"))).await, Ok(Value::Null));
+        assert_eq!(f.seen(), ["m1", "x"]);
+        assert_eq!(f.deferred().await, (vec![], vec![]));
+        assert!(f.retry_timers().await.is_empty());
+        assert_eq!(f.status.snapshot().dropped, 2);
+    }
+
+    #[test]
+    fn delays_double_from_base_to_the_cap() {
+        let settings = DeferSettings {
+            base: Duration::from_secs(1),
+            max_delay: Duration::from_secs(10),
+            failure_threshold: 0.9,
+            failure_window: Duration::from_secs(60),
+            min_samples: 10,
+            cache_size: 16,
+        };
+        let delays: Vec<u64> = (0..6).map(|n| settings.delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 10, 10]);
+        assert_eq!(settings.delay(u32::MAX), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_shuts_over_the_threshold_and_opens_when_the_window_forgets() {
+        let settings = DeferSettings {
+            base: Duration::from_secs(1),
+            max_delay: Duration::from_secs(10),
+            failure_threshold: 0.5,
+            failure_window: Duration::from_secs(10),
+            min_samples: 4,
+            cache_size: 16,
+        };
+        let status = DeferStatus::new(&settings);
+        let failed = || Err(Failure::new(FailureKind::Transient, "x", 1));
+        for _ in 0..3 {
+            status.record(&failed());
+        }
+        assert!(status.is_deferring(), "too few samples to judge");
+        status.record(&failed());
+        assert!(!status.is_deferring(), "4 of 4 failed");
+        for _ in 0..4 {
+            status.record(&Ok(Value::Null));
+        }
+        assert!(status.is_deferring(), "4 of 8 failed: at the threshold");
+        status.record(&Err(Failure::new(FailureKind::Permanent, "p", 1)));
+        assert_eq!(
+            status.snapshot().samples,
+            8,
+            "permanent failures are not counted"
+        );
+        for _ in 0..8 {
+            status.record(&failed());
+        }
+        assert!(!status.is_deferring());
+        tokio::time::advance(Duration::from_secs(12)).await;
+        let snapshot = status.snapshot();
+        assert!(snapshot.deferring, "{snapshot:?}");
+        assert_eq!((snapshot.samples, snapshot.switched_off), (0, 2));
+    }
+}

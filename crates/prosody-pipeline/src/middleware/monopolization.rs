@@ -1,0 +1,230 @@
+//! Hot-key protection (pipeline mode): a key whose handlers used more than
+//! `monopolizationThreshold` of the last `monopolizationWindowMs` is rejected with a transient
+//! failure before its handler runs. The defer layer above then defers it, so the key waits out
+//! its retry delay in storage instead of holding a handler slot, and the other keys keep their
+//! throughput. While rejected a key accrues no time, so the window slides and it is let in
+//! again.
+//!
+//! Handler time is kept per key in a few buckets over the window (constant memory per key),
+//! for at most `monopolizationCacheSize` keys; keys with no time left in the window are
+//! forgotten first.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use prosody_api::{Key, Topic};
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
+use crate::event::Event;
+
+/// Buckets a key's window is divided in.
+const BUCKETS: u32 = 10;
+
+/// Limits of the monopolization layer.
+#[derive(Clone, Copy, Debug)]
+pub struct MonopolizationSettings {
+    /// Share of the window, in (0, 1], one key's handlers may use (`monopolizationThreshold`).
+    pub threshold: f64,
+    /// The rolling window (`monopolizationWindowMs`).
+    pub window: Duration,
+    /// Keys tracked (`monopolizationCacheSize`).
+    pub cache_size: u64,
+}
+
+/// One key's handler time per bucket: a ring of `BUCKETS` slots, each tagged with the bucket
+/// number it holds, so nothing is allocated per key and stale slots need no pruning pass.
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    slots: [(u64, u64); BUCKETS as usize],
+}
+
+impl Usage {
+    /// Busy nanoseconds in the buckets of the window ending in bucket `now`.
+    fn total(&self, now: u64) -> u64 {
+        self.slots
+            .iter()
+            .filter(|(bucket, _)| *bucket + u64::from(BUCKETS) > now && *bucket <= now)
+            .map(|(_, busy)| *busy)
+            .sum()
+    }
+
+    fn add(&mut self, now: u64, busy: u64) {
+        let slot = &mut self.slots[usize::try_from(now % u64::from(BUCKETS)).unwrap_or(0)];
+        if slot.0 == now {
+            slot.1 = slot.1.saturating_add(busy);
+        } else {
+            *slot = (now, busy);
+        }
+    }
+}
+
+/// Counters of the layer, shared with whoever observes them. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct MonopolizationStatus {
+    rejected: Arc<AtomicU64>,
+}
+
+impl MonopolizationStatus {
+    /// Events rejected so far.
+    #[must_use]
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+}
+
+/// Rejects keys over their share of handler time.
+pub struct Monopolization {
+    settings: MonopolizationSettings,
+    /// Bucket numbers count from here.
+    origin: Instant,
+    width: Duration,
+    allowed: u64,
+    /// One lock for lookup and update: a concurrent cache would add its own synchronisation
+    /// to every event for nothing.
+    usage: Mutex<HashMap<(Topic, Key), Usage>>,
+    status: MonopolizationStatus,
+    inner: Arc<dyn Service>,
+}
+
+/// Builds a [`Monopolization`].
+pub struct MonopolizationLayer {
+    /// Threshold, window and cache size.
+    pub settings: MonopolizationSettings,
+    /// Counters.
+    pub status: MonopolizationStatus,
+}
+
+impl Layer for MonopolizationLayer {
+    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+        let settings = self.settings;
+        let window = settings.window.max(Duration::from_millis(BUCKETS.into()));
+        Arc::new(Monopolization {
+            origin: Instant::now(),
+            width: window / BUCKETS,
+            allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
+            settings: MonopolizationSettings { window, ..settings },
+            usage: Mutex::new(HashMap::new()),
+            status: self.status,
+            inner,
+        })
+    }
+}
+
+#[async_trait]
+impl Service for Monopolization {
+    async fn call(&self, task: &Task) -> Verdict {
+        if matches!(*task.event, Event::Rejected(_)) {
+            return self.inner.call(task).await;
+        }
+        let (topic, _) = task.event.source();
+        let index = (topic.clone(), task.event.key().clone());
+        let now = self.bucket(Instant::now());
+        let used = self
+            .usage
+            .lock()
+            .get(&index)
+            .map_or(0, |usage| usage.total(now));
+        if used > self.allowed {
+            self.status.rejected.fetch_add(1, Ordering::Relaxed);
+            let used = Duration::from_nanos(used);
+            warn!(key = %task.event.key(), ?used, window = ?self.settings.window,
+                "key is monopolizing handler time: rejected");
+            return Err(Failure::new(
+                FailureKind::Transient,
+                format!(
+                    "key used {used:?} of the last {:?} of handler time (over the \
+                     monopolization threshold)",
+                    self.settings.window
+                ),
+                task.attempt,
+            ));
+        }
+        let started = Instant::now();
+        let verdict = self.inner.call(task).await;
+        let ended = Instant::now();
+        self.charge(index, self.bucket(ended), nanos(ended - started));
+        verdict
+    }
+}
+
+impl Monopolization {
+    fn bucket(&self, at: Instant) -> u64 {
+        let width = nanos(self.width).max(1);
+        nanos(at.saturating_duration_since(self.origin)) / width
+    }
+
+    fn charge(&self, index: (Topic, Key), now: u64, busy: u64) {
+        let capacity = usize::try_from(self.settings.cache_size)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let mut usage = self.usage.lock();
+        usage.entry(index).or_default().add(now, busy);
+        if usage.len() > capacity {
+            // Keys with no time left in the window lose nothing by being forgotten; beyond
+            // that, arbitrary ones go. A quarter at a time keeps the cost per event constant.
+            usage.retain(|_, key| key.total(now) > 0);
+            if usage.len() > capacity {
+                let excess = usage.len() - (capacity - capacity / 4);
+                let evicted: Vec<(Topic, Key)> = usage.keys().take(excess).cloned().collect();
+                for key in evicted {
+                    usage.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::middleware::stack::testing::{message, task};
+    use serde_json::{Value, json};
+
+    struct Sleeping(Duration);
+
+    #[async_trait]
+    impl Service for Sleeping {
+        async fn call(&self, _: &Task) -> Verdict {
+            tokio::time::sleep(self.0).await;
+            Ok(Value::Null)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_over_its_share_is_rejected_until_the_window_slides() {
+        let status = MonopolizationStatus::default();
+        let layer = Box::new(MonopolizationLayer {
+            settings: MonopolizationSettings {
+                threshold: 0.5,
+                window: Duration::from_secs(10),
+                cache_size: 8,
+            },
+            status: status.clone(),
+        })
+        .wrap(Arc::new(Sleeping(Duration::from_secs(2))));
+        let hog = task(message("hog", json!({})));
+        for _ in 0..3 {
+            assert_eq!(layer.call(&hog).await, Ok(Value::Null));
+        }
+        let rejected = layer.call(&hog).await.expect_err("6 s of 10 s used");
+        assert_eq!(rejected.kind, FailureKind::Transient);
+        assert_eq!(
+            layer.call(&task(message("other", json!({})))).await,
+            Ok(Value::Null),
+            "other keys are not affected"
+        );
+        assert_eq!(status.rejected(), 1);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(layer.call(&hog).await, Ok(Value::Null), "the window slid");
+    }
+}

@@ -63,6 +63,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let client = ProsodyClient::from_options(ClientOptions {
         mock: Some(true),
         group_id: Some("quickstart".to_owned()),
+        // This client consumes what it sends itself. A consumer skips records stamped with its
+        // own group as their source system (loop prevention), and the stamp defaults to the
+        // group id, so a loopback needs a source system that differs from the group id.
+        source_system: Some("quickstart-producer".to_owned()),
         subscribed_topics: Some(vec![TOPIC.to_owned()]),
         probe_port: Some(ProbePort::Disabled),
         ..ClientOptions::default()

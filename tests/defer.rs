@@ -265,7 +265,16 @@ async fn a_failing_key_is_deferred_while_other_keys_flow_and_keeps_its_order() {
     assert_eq!(state.attempts("failing", 0), 6, "5 failures, then success");
     let failing_finished = failing.last().unwrap().at.duration_since(started);
     assert!(failing_finished > others_finished);
-    let status = client.defer_status().expect("defer layer present");
+    // The layer counts a completion just after the handler returned: wait for the count
+    // rather than racing it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let status = client.defer_status().expect("defer layer present");
+        if status.completed >= 5 || std::time::Instant::now() >= deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(status.completed, 5);
     for key in 0..100 {
         let key = format!("other-{key}");

@@ -26,6 +26,7 @@
 
 pub mod clock;
 pub mod context;
+pub mod digest;
 pub mod error;
 pub mod handler;
 pub mod key;

@@ -6,13 +6,12 @@
 //! bytes per record held. Two independently seeded 64-bit hashes make a collision (which would
 //! skip a message) vanishingly unlikely, the same argument as the pipeline's dedup cache.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use prosody_api::digest::{DigestMap, Digester};
 use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
 use prosody_api::{Clock, StorageError};
 
@@ -27,9 +26,9 @@ pub struct MemoryDedupStore {
 
 #[derive(Debug)]
 struct Inner {
-    expiries: HashMap<u128, SystemTime, BuildHasherDefault<Folded>>,
+    expiries: DigestMap<SystemTime>,
     sweep: SweepSchedule,
-    hashers: [RandomState; 2],
+    digester: Digester,
 }
 
 impl Inner {
@@ -42,36 +41,7 @@ impl Inner {
             record.id.as_str(),
             record.version.as_str(),
         );
-        let [high, low] = self
-            .hashers
-            .each_ref()
-            .map(|hasher| hasher.hash_one(fields));
-        (u128::from(high) << 64) | u128::from(low)
-    }
-}
-
-/// Hashes a digest by folding it: the digest is already a keyed hash, so hashing it again
-/// would only cost time.
-#[derive(Default)]
-struct Folded(u64);
-
-impl Hasher for Folded {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-
-    #[allow(
-        clippy::cast_possible_truncation,
-        reason = "folding the halves is the point"
-    )]
-    fn write_u128(&mut self, digest: u128) {
-        self.0 ^= (digest as u64) ^ ((digest >> 64) as u64);
+        self.digester.digest(fields)
     }
 }
 
@@ -81,9 +51,9 @@ impl MemoryDedupStore {
         Self {
             clock: Arc::new(clock),
             inner: Arc::new(Mutex::new(Inner {
-                expiries: HashMap::default(),
+                expiries: DigestMap::default(),
                 sweep: SweepSchedule::new(),
-                hashers: [RandomState::new(), RandomState::new()],
+                digester: Digester::default(),
             })),
         }
     }

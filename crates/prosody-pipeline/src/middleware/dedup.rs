@@ -12,15 +12,15 @@
 //! never hides the record from a later delivery. A store that cannot answer does not block
 //! the key: the record is handled (at least once is the contract; dedup only narrows it).
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use prosody_api::digest::{DigestMap, Digester};
 use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
-use prosody_api::{ConsumerGroup, Key, Partition, Topic};
+use prosody_api::ConsumerGroup;
 use serde_json::Value;
 use tracing::{debug, warn};
 
@@ -33,24 +33,11 @@ use crate::event::Event;
 /// 64-bit hashes make a collision (which would skip a message) vanishingly unlikely.
 type CacheKey = u128;
 
-fn digest(
-    hashers: &[RandomState; 2],
-    topic: &Topic,
-    partition: Partition,
-    key: &Key,
-    id: &str,
-) -> CacheKey {
-    let [high, low] = hashers
-        .each_ref()
-        .map(|hasher| hasher.hash_one((topic.as_str(), partition.0, key.as_str(), id)));
-    (u128::from(high) << 64) | u128::from(low)
-}
-
 /// Skips messages already handled.
 pub struct Dedup {
     store: Arc<dyn DedupStore>,
     cache: RecentSet,
-    hashers: [RandomState; 2],
+    digester: Digester,
     group: ConsumerGroup,
     version: String,
     ttl: Ttl,
@@ -81,7 +68,7 @@ impl Layer for DedupLayer {
         Arc::new(Dedup {
             store: self.store,
             cache,
-            hashers: [RandomState::new(), RandomState::new()],
+            digester: Digester::default(),
             group: ConsumerGroup::from(self.group_id),
             version: self.version,
             ttl: self.ttl,
@@ -99,33 +86,8 @@ struct RecentSet {
 
 #[derive(Default)]
 struct Recent {
-    inserted: HashMap<CacheKey, Instant, BuildHasherDefault<Folded>>,
+    inserted: DigestMap<Instant>,
     order: VecDeque<CacheKey>,
-}
-
-/// Hashes a digest by folding it: the digest is already a keyed hash, so hashing it again
-/// would only cost time.
-#[derive(Default)]
-struct Folded(u64);
-
-impl Hasher for Folded {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-
-    #[allow(
-        clippy::cast_possible_truncation,
-        reason = "folding the halves is the point"
-    )]
-    fn write_u128(&mut self, digest: u128) {
-        self.0 ^= (digest as u64) ^ ((digest >> 64) as u64);
-    }
 }
 
 impl RecentSet {
@@ -184,13 +146,12 @@ impl Service for Dedup {
         let Some((message, id)) = payload_id(&task.event) else {
             return self.inner.call(task).await;
         };
-        let cache_key = digest(
-            &self.hashers,
-            &message.topic,
-            message.partition,
-            &message.key,
-            &id,
-        );
+        let cache_key = self.digester.digest((
+            message.topic.as_str(),
+            message.partition.0,
+            message.key.as_str(),
+            id.as_str(),
+        ));
         if self.cache.contains(cache_key) {
             debug!(key = %message.key, %id, offset = message.offset.0, "duplicate skipped (cache)");
             return Ok(Value::Null);

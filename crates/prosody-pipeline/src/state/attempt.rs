@@ -214,7 +214,7 @@ impl Cell {
     }
 
     /// Applies this collection's pending writes now and forgets them (`commit()`).
-    pub(crate) async fn flush(&self, stages: &mut Stages) -> Result<(), ContextError> {
+    async fn flush(&self, stages: &mut Stages) -> Result<(), ContextError> {
         if let Some(stage) = stages.get(&self.name) {
             let writes: Vec<StateWrite> = stage
                 .ops(&self.collection)
@@ -229,9 +229,16 @@ impl Cell {
         Ok(())
     }
 
-    /// Drops this collection's pending writes (`rollback()`).
-    pub(crate) fn discard(&self, stages: &mut Stages) {
-        stages.remove(&self.name);
+    /// `commit()` of every handle kind: applies this collection's pending writes now.
+    pub(crate) async fn commit(&self) -> Result<(), ContextError> {
+        let mut stages = self.lock().await?;
+        self.flush(&mut stages).await
+    }
+
+    /// `rollback()` of every handle kind: drops this collection's pending writes.
+    pub(crate) async fn rollback(&self) -> Result<(), ContextError> {
+        self.lock().await?.remove(&self.name);
+        Ok(())
     }
 
     /// After a write: a `readUncommitted` collection writes through at once.

@@ -179,14 +179,11 @@ struct Scan {
 #[async_trait]
 impl StagedCollection for DequeHandle {
     async fn commit(&self) -> Result<(), ContextError> {
-        let mut stages = self.cell.lock().await?;
-        self.cell.flush(&mut stages).await
+        self.cell.commit().await
     }
 
     async fn rollback(&self) -> Result<(), ContextError> {
-        let mut stages = self.cell.lock().await?;
-        self.cell.discard(&mut stages);
-        Ok(())
+        self.cell.rollback().await
     }
 }
 

@@ -23,9 +23,7 @@ use prosody_pipeline::middleware::telemetry::TelemetryLayer;
 use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
 use prosody_pipeline::probes::{HealthRegistry, ProbeConfig, ProbeServer};
 use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
-use prosody_pipeline::state::{
-    Collection, CollectionDefinition, KafkaMessageLoader, StateRuntime, definition,
-};
+use prosody_pipeline::state::{Collection, CollectionDefinition, StateRuntime, definition};
 use prosody_pipeline::telemetry::{self, TelemetrySink, TraceInjector};
 use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
 use serde_json::Value;
@@ -365,19 +363,16 @@ impl ProsodyClient {
                 &Handle::current(),
             )
         });
-        let scheduler = Arc::new(FairScheduler::new(SchedulerSettings {
-            max_concurrency: config.consumer.max_concurrency.get(),
-            failure_weight: config.scheduler.failure_weight,
-            max_wait: config.scheduler.max_wait,
-            wait_weight: config.scheduler.wait_weight,
-            cache_size: config.scheduler.cache_size.get() as u64,
-        }));
+        let scheduler = Arc::new(fair_scheduler(config));
+        let loader = SharedLoader::default();
         let mut stack =
             self.stack_settings(scheduler.clone(), telemetry.clone(), &timers, &backend);
         if stack.mode == ModePolicy::Pipeline {
-            self.pipeline_layers(&mut stack, &timers, &backend)?;
+            self.pipeline_layers(&mut stack, &timers, &backend, &loader)?;
         }
-        let (service, state) = self.handler_service(handler, &timers, &backend).await?;
+        let (service, state) = self
+            .handler_service(handler, &timers, &backend, &loader)
+            .await?;
         let sweep_timers = timers.clone();
         let dispatch = Arc::new(StackDispatch::new(stack, Arc::new(service)));
         let flow = Arc::new(QueueFlowControl::default());
@@ -628,20 +623,12 @@ impl ProsodyClient {
         stack: &mut StackSettings,
         timers: &Timers,
         backend: &Backend,
+        loader: &SharedLoader,
     ) -> Result<(), ClientError> {
         let config = &self.inner.config;
         let mut defer_status = None;
         if config.defer.enabled {
-            let loader = MessageLoader::start(LoaderSettings {
-                bootstrap_servers: self.inner.bootstrap_servers.clone(),
-                client_id: config.kafka.group_id.clone(),
-                cache_size: config.defer.loader.cache_size.get() as u64,
-                seek_timeout: config.defer.loader.seek_timeout,
-                discard_threshold: config.defer.loader.discard_threshold,
-                decode: DecodeLimits::default(),
-                overrides: Vec::new(),
-            })
-            .map_err(ClientError::kafka)?;
+            let loader = self.message_loader(loader)?;
             let settings = DeferSettings {
                 base: config.defer.base,
                 max_delay: config.defer.max_delay,
@@ -656,7 +643,7 @@ impl ProsodyClient {
                 settings,
                 store: backend.defer.clone(),
                 timers: timers.clone(),
-                loader: Arc::new(loader),
+                loader,
                 status,
             }));
         }
@@ -722,9 +709,10 @@ impl ProsodyClient {
         handler: H,
         timers: &Timers,
         backend: &Backend,
+        loader: &SharedLoader,
     ) -> Result<(HandlerService<H>, Option<StateRuntime>), ClientError> {
         let mut service = HandlerService::new(Arc::new(handler)).with_timers(timers.clone());
-        let state = self.state_runtime(backend).await?;
+        let state = self.state_runtime(backend, loader).await?;
         if let Some(state) = &state {
             service = service.with_state(state.clone());
         }
@@ -733,25 +721,47 @@ impl ProsodyClient {
 
     /// The keyed-state runtime of a subscription (`None` without collections), after storing
     /// the collections' identities durably.
-    async fn state_runtime(&self, backend: &Backend) -> Result<Option<StateRuntime>, ClientError> {
+    async fn state_runtime(
+        &self,
+        backend: &Backend,
+        loader: &SharedLoader,
+    ) -> Result<Option<StateRuntime>, ClientError> {
         let config = &self.inner.config;
         let definitions = self.inner.collections.lock().clone();
         if definitions.is_empty() {
             return Ok(None);
         }
         let collections = validate_collections(&definitions, config)?;
-        let loader =
-            KafkaMessageLoader::new(&self.inner.bootstrap_servers, config.kafka.send_timeout)
-                .map_err(ClientError::kafka)?;
+        let loader = self.message_loader(loader)?;
         let runtime = StateRuntime::new(
             backend.state.clone(),
             config.kafka.group_id.clone(),
             collections,
         )
-        .with_loader(Arc::new(loader))
+        .with_loader(loader)
         .with_subsystem(config.kafka.subsystem.clone().map(Into::into));
         runtime.register().await?;
         Ok(Some(runtime))
+    }
+
+    /// The subscription's one Kafka record loader (deferred messages and message collections),
+    /// started by whichever needs it first.
+    fn message_loader(&self, shared: &SharedLoader) -> Result<Arc<MessageLoader>, ClientError> {
+        if let Some(loader) = shared.get() {
+            return Ok(loader.clone());
+        }
+        let settings = &self.inner.config.defer.loader;
+        let loader = MessageLoader::start(LoaderSettings {
+            bootstrap_servers: self.inner.bootstrap_servers.clone(),
+            client_id: self.inner.config.kafka.group_id.clone(),
+            cache_size: settings.cache_size.get() as u64,
+            seek_timeout: settings.seek_timeout,
+            discard_threshold: settings.discard_threshold,
+            decode: DecodeLimits::default(),
+            overrides: Vec::new(),
+        })
+        .map_err(ClientError::kafka)?;
+        Ok(shared.get_or_init(|| Arc::new(loader)).clone())
     }
 
     fn ensure_open(&self) -> Result<(), ClientError> {
@@ -767,6 +777,20 @@ impl ProsodyClient {
 const DEFER_MIN_SAMPLES: u64 = 20;
 
 /// `idempotenceTtlS` as a store TTL; the configuration keeps it within 1 s ..= 20 years.
+/// The admission every handler of a subscription runs under.
+fn fair_scheduler(config: &Config) -> FairScheduler {
+    FairScheduler::new(SchedulerSettings {
+        max_concurrency: config.consumer.max_concurrency.get(),
+        failure_weight: config.scheduler.failure_weight,
+        max_wait: config.scheduler.max_wait,
+        wait_weight: config.scheduler.wait_weight,
+        cache_size: config.scheduler.cache_size.get() as u64,
+    })
+}
+
+/// A subscription's record loader, started on first use.
+type SharedLoader = std::sync::OnceLock<Arc<MessageLoader>>;
+
 fn dedup_ttl(ttl: std::time::Duration) -> Ttl {
     let secs = u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX).max(1);
     Ttl::from_secs(secs).unwrap_or(Ttl::new(std::num::NonZeroU32::MIN))

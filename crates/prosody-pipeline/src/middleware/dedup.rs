@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use prosody_api::ConsumerGroup;
 use prosody_api::digest::{DigestMap, Digester};
 use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
-use prosody_api::ConsumerGroup;
 use serde_json::Value;
 use tracing::{debug, warn};
 

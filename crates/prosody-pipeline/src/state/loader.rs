@@ -1,26 +1,18 @@
 //! Reloading a stored message from Kafka by (topic, partition, offset).
 //!
 //! [`MessageLoader`] is the seam: message collections only need "give me the record at this
-//! offset". [`KafkaMessageLoader`] is a minimal implementation (one assign-and-poll consumer,
-//! loads serialized); a shared loader with caching and batching (`kafka/loader.rs`, being
-//! built for deferred messages) can replace it by implementing the trait.
+//! offset". In production it is the subscription's shared [`kafka::loader::MessageLoader`]
+//! (the one deferred messages are reloaded through); unit tests use a map.
+//!
+//! [`kafka::loader::MessageLoader`]: crate::kafka::loader::MessageLoader
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use parking_lot::Mutex;
 use prosody_api::{Message, Offset, Partition, StorageError, StorageErrorKind, Topic};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
-use rdkafka::message::Message as _;
-use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{Offset as RdOffset, TopicPartitionList};
 
 use crate::event::Event;
-use crate::kafka::decode::{DecodeLimits, decode};
+use crate::kafka::loader::{LoadError, LoadRecord, MessageLoader as KafkaLoader};
 
 /// Loads the Kafka record a message collection refers to.
 #[async_trait]
@@ -40,42 +32,6 @@ pub trait MessageLoader: Send + Sync + fmt::Debug {
 
 const OPERATION: &str = "state.load_message";
 
-/// Loads records with one dedicated consumer (manual assignment, no group commits).
-pub struct KafkaMessageLoader {
-    consumer: Arc<Mutex<BaseConsumer>>,
-    timeout: Duration,
-}
-
-impl fmt::Debug for KafkaMessageLoader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KafkaMessageLoader")
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
-}
-
-impl KafkaMessageLoader {
-    /// A loader reading from `bootstrap_servers`, giving up on a record after `timeout`.
-    ///
-    /// # Errors
-    /// librdkafka's error creating the consumer.
-    pub fn new(bootstrap_servers: &str, timeout: Duration) -> Result<Self, KafkaError> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap_servers)
-            // Never joins the group (manual assignment); the id is required by librdkafka.
-            .set("group.id", "prosody-message-loader")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "error")
-            .set("enable.partition.eof", "true")
-            .create()?;
-        Ok(Self {
-            consumer: Arc::new(Mutex::new(consumer)),
-            timeout,
-        })
-    }
-}
-
 fn gone(topic: &Topic, partition: Partition, offset: Offset, why: &str) -> StorageError {
     StorageError::new(
         OPERATION,
@@ -88,79 +44,26 @@ fn gone(topic: &Topic, partition: Partition, offset: Offset, why: &str) -> Stora
     )
 }
 
-fn load_blocking(
-    consumer: &BaseConsumer,
-    topic: &Topic,
-    partition: Partition,
-    offset: Offset,
-    timeout: Duration,
-) -> Result<Message, StorageError> {
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(topic.as_str(), partition.0, RdOffset::Offset(offset.0))
-        .map_err(|error| StorageError::backend(OPERATION, error.to_string()))?;
-    consumer
-        .assign(&assignment)
-        .map_err(|error| StorageError::backend(OPERATION, error.to_string()))?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(StorageError::backend(
-                OPERATION,
-                format!(
-                    "no answer for {topic}/{}@{} within {timeout:?}",
-                    partition.0, offset.0
-                ),
-            ));
-        }
-        match consumer.poll(left.min(Duration::from_millis(500))) {
-            None => {}
-            Some(Err(KafkaError::PartitionEOF(_))) => {
-                return Err(gone(
-                    topic,
-                    partition,
-                    offset,
-                    "past the end of the partition",
-                ));
-            }
-            Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
-                return Err(gone(topic, partition, offset, "offset out of range"));
-            }
-            Some(Err(error)) => return Err(StorageError::backend(OPERATION, error.to_string())),
-            Some(Ok(record)) => {
-                // Compaction removes records: the next one readable is a later offset.
-                if record.offset() != offset.0 {
-                    return Err(gone(topic, partition, offset, "removed by compaction"));
-                }
-                return match decode(&record, &DecodeLimits::default()) {
-                    Ok(Event::Message(message)) => Ok(message),
-                    Ok(_) => Err(gone(topic, partition, offset, "it is a tombstone now")),
-                    Err(error) => Err(StorageError::new(
-                        OPERATION,
-                        StorageErrorKind::Corrupt,
-                        error.to_string(),
-                    )),
-                };
-            }
-        }
-    }
-}
-
 #[async_trait]
-impl MessageLoader for KafkaMessageLoader {
+impl MessageLoader for KafkaLoader {
     async fn load(
         &self,
         topic: &Topic,
         partition: Partition,
         offset: Offset,
     ) -> Result<Message, StorageError> {
-        let consumer = self.consumer.clone();
-        let (topic, timeout) = (topic.clone(), self.timeout);
-        tokio::task::spawn_blocking(move || {
-            load_blocking(&consumer.lock(), &topic, partition, offset, timeout)
-        })
-        .await
-        .map_err(|error| StorageError::backend(OPERATION, error.to_string()))?
+        match LoadRecord::load(self, topic, partition, offset).await {
+            Ok(Event::Message(message)) => Ok(message),
+            Ok(_) => Err(gone(topic, partition, offset, "it is a tombstone now")),
+            Err(error @ LoadError::Gone { .. }) => {
+                Err(gone(topic, partition, offset, &error.to_string()))
+            }
+            Err(LoadError::Decode(error)) => Err(StorageError::new(
+                OPERATION,
+                StorageErrorKind::Corrupt,
+                error,
+            )),
+            Err(error) => Err(StorageError::backend(OPERATION, error.to_string())),
+        }
     }
 }

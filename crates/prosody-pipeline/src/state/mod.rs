@@ -53,7 +53,7 @@ pub use definition::{
     ReadCacheOption,
 };
 pub use journal::Journal;
-pub use loader::{KafkaMessageLoader, MessageLoader};
+pub use loader::MessageLoader;
 pub use registry::RegistryError;
 
 use deque::DequeHandle;

@@ -645,6 +645,7 @@ impl ProsodyClient {
                 timers: timers.clone(),
                 loader,
                 status,
+                give_up: stack.failures.clone(),
             }));
         }
         let mut monopolization_status = None;

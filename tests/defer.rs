@@ -1,6 +1,7 @@
 //! Deferred retry, its failure-rate gate, monopolization detection and excise against a real
-//! broker (memory backend): a failing key must not hold up its partition, and its own records
-//! must still be handled in order.
+//! broker: a failing key must not hold up its partition, and its own records must still be
+//! handled in order. Runs on the backend `PROSODY_TEST_STORAGE_BACKEND` names (see
+//! `common::harness`).
 
 #![allow(
     clippy::expect_used,
@@ -37,7 +38,8 @@ struct Done {
 }
 
 /// What the handler saw. Payload fields: `seq`; `fail_times` (fail the first n attempts of
-/// the record transiently); `flaky` (fail while [`State::failing`] is set); `sleep_ms`;
+/// the record transiently); `permanent_from` (fail transiently before attempt n, permanently
+/// from it on); `flaky` (fail while [`State::failing`] is set); `sleep_ms`;
 /// `schedule_in_s` (schedule an application timer that far ahead).
 #[derive(Default)]
 struct State {
@@ -100,6 +102,13 @@ impl EventHandler for Handler {
         if let Some(millis) = field("sleep_ms") {
             tokio::time::sleep(Duration::from_millis(millis)).await;
         }
+        if let Some(from) = field("permanent_from") {
+            return Err(if u64::from(attempt) >= from {
+                HandlerError::permanent(format!("scripted permanent failure {attempt}"))
+            } else {
+                HandlerError::transient(format!("scripted failure {attempt}"))
+            });
+        }
         if field("fail_times").is_some_and(|times| u64::from(attempt) <= times) {
             return Err(HandlerError::transient(format!(
                 "scripted failure {attempt}"
@@ -157,11 +166,14 @@ async fn setup(
     let topic = common::unique_name(prefix);
     let group = common::unique_name(&format!("{prefix}_group"));
     harness::create_topic(&topic, 1).await;
-    let client = ProsodyClient::from_options(options(ClientOptions {
-        retry_base_ms: Some(Duration::from_millis(10)),
-        max_retry_delay_ms: Some(Duration::from_millis(100)),
-        ..harness::options(&topic, &group)
-    }))
+    let client = ProsodyClient::from_options(harness::with_storage(
+        options(ClientOptions {
+            retry_base_ms: Some(Duration::from_millis(10)),
+            max_retry_delay_ms: Some(Duration::from_millis(100)),
+            ..harness::options(&topic, &group)
+        }),
+        &group,
+    ))
     .await
     .expect("client");
     // A separate sender: the consumer skips what its own group produced.
@@ -303,15 +315,32 @@ async fn the_failure_rate_gate_switches_deferral_off_and_back_on() {
     state.failing.store(true, Ordering::SeqCst);
     // 95% of records fail while the switch is on.
     let total = 400_u64;
-    for index in 0..total {
+    let send = |index: u64| {
         let key = format!("key-{}", index % 40);
         let payload = json!({ "seq": index / 40, "flaky": index % 20 != 0 });
-        sender.send(&topic, &key, &payload).await.expect("send");
-    }
+        let (sender, topic) = (&sender, &topic);
+        async move { sender.send(topic, &key, &payload).await.expect("send") }
+    };
+    // One failure first, deferred while the gate is still open (fewer outcomes than its
+    // minimum); then the flood, whose outcomes arrive concurrently and shut it.
+    send(1).await;
     client
         .subscribe(Handler(state.clone()))
         .await
         .expect("subscribe");
+    until(
+        Duration::from_secs(60),
+        "the first failure deferred",
+        || {
+            client
+                .defer_status()
+                .is_some_and(|status| status.deferred >= 1)
+        },
+    )
+    .await;
+    for index in (0..total).filter(|index| *index != 1) {
+        send(index).await;
+    }
     until(Duration::from_secs(60), "deferral switched off", || {
         client
             .defer_status()
@@ -493,6 +522,70 @@ async fn excise_drops_the_keys_deferred_work_and_its_timers() {
         [0, 3],
         "seq 2 was dropped with seq 1"
     );
+    client.shutdown().await.expect("shutdown");
+    sender.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_work_that_fails_permanently_goes_to_the_failure_topic() {
+    let failure_topic = common::unique_name("defer_failures");
+    harness::create_topic(&failure_topic, 1).await;
+    let (topic, group, client, sender) = setup("defer_permanent", |options| ClientOptions {
+        defer_base_ms: Some(Duration::from_millis(500)),
+        defer_max_delay_ms: Some(Duration::from_secs(1)),
+        failure_topic: Some(failure_topic.clone()),
+        ..options
+    })
+    .await;
+    // seq 0 fails transiently (and is deferred), then permanently on its deferred retry;
+    // seq 1 of the key waits behind it and runs once seq 0 has left deferral.
+    let doomed = json!({"seq": 0, "permanent_from": 2});
+    sender.send(&topic, "doomed", &doomed).await.expect("send");
+    sender
+        .send(&topic, "doomed", &json!({"seq": 1}))
+        .await
+        .expect("send");
+    let state = Arc::new(State::default());
+    client
+        .subscribe(Handler(state.clone()))
+        .await
+        .expect("subscribe");
+    state.wait_for(1, Duration::from_secs(60)).await;
+    kafka_read::until_committed(&group, &topic, &[2], Duration::from_secs(60)).await;
+
+    assert_eq!(in_order(&state.done_of("doomed")), [1]);
+    assert_eq!(
+        state.attempts("doomed", 0),
+        2,
+        "first attempt, one deferred retry"
+    );
+    let records = kafka_read::read_all(&failure_topic, 1);
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record = &records[0];
+    assert_eq!(record.key.as_deref(), Some(b"doomed".as_slice()));
+    assert_eq!(record.json(), doomed);
+    assert_eq!(record.header("prosody-original-topic"), topic);
+    assert_eq!(record.header("prosody-original-offset"), "0");
+    assert_eq!(record.header("prosody-attempts"), "2");
+    assert!(
+        record
+            .header("prosody-error")
+            .contains("scripted permanent failure 2"),
+        "{record:?}"
+    );
+    // The layer counts a retried record after its handler returned: wait for the count.
+    until(
+        Duration::from_secs(10),
+        "seq 1 counted as completed",
+        || {
+            client
+                .defer_status()
+                .is_some_and(|status| status.completed == 1)
+        },
+    )
+    .await;
+    let status = client.defer_status().unwrap();
+    assert_eq!((status.deferred, status.dropped), (2, 1), "{status:?}");
     client.shutdown().await.expect("shutdown");
     sender.shutdown().await.expect("shutdown");
 }

@@ -2,9 +2,8 @@
 //! window, transactions (commit floor, rollback, failed attempts, leaked handles), scans,
 //! deque capacity and chunked scans, durable identity, excise and key independence.
 //!
-//! The store is chosen by `common::state_backend` (memory unless `PROSODY_TEST_STATE_BACKEND`
-//! says otherwise) and given to the client through `ProsodyClient::with_stores`, so every
-//! scenario runs unchanged on another backend.
+//! Runs on the backend `PROSODY_TEST_STORAGE_BACKEND` names (see `common::harness`); stored
+//! state is read back through the client's own store.
 //!
 //! Handlers report what they observed on a channel; each scenario awaits the reports it needs
 //! (state is read back through a later event of the same key, which runs only after the
@@ -32,7 +31,7 @@ use prosody::api::{
     ClassifyError, ContextError, EventContext, EventHandler, ExciseMessage, HandlerError, Key,
     Message, Timer, TimerTime,
 };
-use prosody::config::{ClientOptions, Config};
+use prosody::config::{ClientOptions, Config, StorageBackend};
 use prosody::pipeline::state::{self, Definition, StateContextExt, kinds};
 use prosody::{ClientError, ProsodyClient};
 use serde_json::{Value, json};
@@ -476,22 +475,38 @@ fn options(topic: &str, group: &str) -> ClientOptions {
     harness::options(topic, group)
 }
 
+async fn client_on(
+    topic: &str,
+    group: &str,
+    shared_state: Option<Arc<dyn StateStore>>,
+) -> ProsodyClient {
+    let config =
+        Config::from_options(harness::with_storage(options(topic, group), group)).expect("config");
+    match shared_state {
+        Some(store) => {
+            let timers = Arc::new(storage_memory::MemoryTimerStore::new(
+                prosody::api::SlabSize::from_secs(60).unwrap(),
+            ));
+            ProsodyClient::with_stores(config, timers, store).await
+        }
+        None => ProsodyClient::new(config).await,
+    }
+    .expect("client")
+}
+
 async fn start(partitions: i32) -> Running {
     let topic = common::unique_name("state");
     let group = common::unique_name("state_group");
     harness::create_topic(&topic, partitions).await;
-    let store = common::state_backend::state_store();
-    start_on(&topic, &group, store).await
+    start_on(&topic, &group, None).await
 }
 
-async fn start_on(topic: &str, group: &str, store: Arc<dyn StateStore>) -> Running {
-    let config = Config::from_options(options(topic, group)).expect("config");
-    let timers = Arc::new(storage_memory::MemoryTimerStore::new(
-        prosody::api::SlabSize::from_secs(60).unwrap(),
-    ));
-    let client = ProsodyClient::with_stores(config, timers, store.clone())
-        .await
-        .expect("client");
+/// A client of `group` on the run's backend. `shared_state` (memory backend only) is the
+/// keyed-state store of an earlier client of the group: in-memory state dies with its client,
+/// while the durable backends find the earlier client's state on their own.
+async fn start_on(topic: &str, group: &str, shared_state: Option<Arc<dyn StateStore>>) -> Running {
+    let client = client_on(topic, group, shared_state).await;
+    let store = client.state_store().expect("a keyed-state store");
     client
         .define_collections(definitions())
         .await
@@ -730,17 +745,14 @@ async fn a_name_registered_with_another_kind_is_a_permanent_error() {
     let topic = common::unique_name("state_identity");
     let group = common::unique_name("state_identity_group");
     harness::create_topic(&topic, 1).await;
-    let store = common::state_backend::state_store();
-    let first = start_on(&topic, &group, store.clone()).await;
+    let first = start_on(&topic, &group, None).await;
     first.client.shutdown().await.unwrap();
+    let shared =
+        matches!(harness::storage_backend(), StorageBackend::Memory).then(|| first.store.clone());
+    // A RocksDB store stays locked while anything holds it.
+    drop(first);
 
-    let config = Config::from_options(options(&topic, &group)).expect("config");
-    let timers = Arc::new(storage_memory::MemoryTimerStore::new(
-        prosody::api::SlabSize::from_secs(60).unwrap(),
-    ));
-    let second = ProsodyClient::with_stores(config, timers, store)
-        .await
-        .unwrap();
+    let second = client_on(&topic, &group, shared).await;
     // Same name, another kind: valid on its own, refused against the stored identity.
     second
         .define_collections([state::map("count")])

@@ -117,9 +117,19 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     for partition in 0..partitions {
         list.add_partition(topic, partition);
     }
-    let committed = consumer
-        .committed_offsets(list, Duration::from_secs(30))
-        .expect("committed offsets");
+    // The group coordinator moves while groups come and go (NOT_COORDINATOR, coordinator
+    // loading): ask again until it answers.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let committed = loop {
+        match consumer.committed_offsets(list.clone(), Duration::from_secs(30)) {
+            Ok(committed) => break committed,
+            Err(error) if Instant::now() < deadline => {
+                eprintln!("committed offsets of {group}: {error}; asking again");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(error) => panic!("committed offsets of {group}: {error}"),
+        }
+    };
     (0..partitions)
         .map(|partition| {
             match committed

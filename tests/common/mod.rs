@@ -49,4 +49,3 @@ pub fn unique_name(prefix: &str) -> String {
 pub mod harness;
 pub mod kafka_read;
 pub mod scripted;
-pub mod state_backend;

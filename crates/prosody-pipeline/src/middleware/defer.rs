@@ -23,8 +23,11 @@
 //! (the data they carry is what the excise deletes). Its own `clear_scheduled()` removes the
 //! application timers as usual.
 //!
-//! Permanent failures of deferred work are logged and the work dropped (the failure policy
-//! above sees only the retry timer, not the record).
+//! **Permanent failures** of deferred work leave deferral as a first attempt's would: a
+//! reloaded message goes where the mode sends given-up records (the failure topic when one is
+//! set, else the log), a deferred timer is logged. The failure-policy layer above cannot do it:
+//! it sees only the retry timer, not the record. A message that cannot be reloaded at all (gone
+//! from Kafka) has nothing to forward and is logged.
 //!
 //! **Cache.** Whether a key is deferred is asked for every event, so the layer keeps each
 //! key's deferred work in a bounded cache (`deferStoreCacheSize`) in front of the store. It is
@@ -46,6 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::failure_policy::Destination;
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::{Event, FiredTimer};
 use crate::kafka::loader::LoadRecord;
@@ -171,7 +175,8 @@ pub struct DeferSnapshot {
     pub deferred: u64,
     /// Deferred messages and timers handled successfully on a retry.
     pub completed: u64,
-    /// Deferred work dropped (excise, permanent failure, record gone from Kafka).
+    /// Deferred work that left deferral without succeeding: excised, failed permanently
+    /// (a message then went to the failure destination) or gone from Kafka.
     pub dropped: u64,
     /// Times the gate switched deferral off.
     pub switched_off: u64,
@@ -328,6 +333,7 @@ pub struct Defer {
     timers: Timers,
     loader: Arc<dyn LoadRecord>,
     status: DeferStatus,
+    give_up: Destination,
     cache: Mutex<Cache>,
     inner: Arc<dyn Service>,
 }
@@ -386,6 +392,8 @@ pub struct DeferLayer {
     pub loader: Arc<dyn LoadRecord>,
     /// The gate and counters, shared with whoever observes them.
     pub status: DeferStatus,
+    /// Where deferred messages that fail permanently go (the mode's failure destination).
+    pub give_up: Destination,
 }
 
 impl Layer for DeferLayer {
@@ -402,9 +410,17 @@ impl Layer for DeferLayer {
             timers: self.timers,
             loader: self.loader,
             status: self.status,
+            give_up: self.give_up,
             inner,
         })
     }
+}
+
+/// A retry of deferred work that failed, with the event it retried when there was one (a
+/// message that could not be reloaded has none).
+struct HeadFailure {
+    failure: Failure,
+    event: Option<Arc<Event>>,
 }
 
 fn storage_failure(error: &StorageError, attempt: u32) -> Failure {
@@ -708,16 +724,27 @@ impl Defer {
                         return Err(storage_failure(&error, task.attempt));
                     }
                 }
-                Err(failure) if failure.kind == FailureKind::Permanent => {
-                    error!(key = %place.key, ?head, reason = %failure.reason,
-                        "deferred work failed permanently: dropped");
+                Err(HeadFailure { failure, event }) if failure.kind == FailureKind::Permanent => {
+                    match event.as_deref() {
+                        Some(message @ Event::Message(_)) => {
+                            if let Err(cancelled) =
+                                self.give_up.forward(message, &failure, &task.cancel).await
+                            {
+                                // Still deferred: the next retry (or owner) forwards it.
+                                self.remember(&place, work);
+                                return Err(cancelled);
+                            }
+                        }
+                        _ => error!(key = %place.key, ?head, reason = %failure.reason,
+                            "deferred work failed permanently: dropped"),
+                    }
                     self.status.count(|inner| &inner.dropped);
                     if let Err(error) = self.remove_head(&place, &mut work, head).await {
                         self.remember(&place, work);
                         return Err(storage_failure(&error, task.attempt));
                     }
                 }
-                Err(failure) if failure.kind == FailureKind::Transient => {
+                Err(HeadFailure { failure, .. }) if failure.kind == FailureKind::Transient => {
                     if !self.status.is_deferring() {
                         // The gate is shut: the retry layer retries this timer in place, which
                         // blocks the key as a non-deferred failure would.
@@ -747,7 +774,7 @@ impl Defer {
                         Err(error) => Err(storage_failure(&error, task.attempt)),
                     };
                 }
-                Err(failure) => {
+                Err(HeadFailure { failure, .. }) => {
                     self.remember(&place, work);
                     return Err(failure);
                 }
@@ -768,7 +795,7 @@ impl Defer {
     }
 
     /// One retry of the head of the key's deferred work through the layers below.
-    async fn retry_head(&self, task: &Task, place: &Place, head: Head) -> Result<(), Failure> {
+    async fn retry_head(&self, task: &Task, place: &Place, head: Head) -> Result<(), HeadFailure> {
         let (event, retries) = match head {
             Head::Message(offset, retries) => {
                 match self
@@ -783,11 +810,14 @@ impl Defer {
                         } else {
                             FailureKind::Transient
                         };
-                        return Err(Failure::new(
-                            kind,
-                            format!("reloading the deferred message failed: {error}"),
-                            task.attempt,
-                        ));
+                        return Err(HeadFailure {
+                            failure: Failure::new(
+                                kind,
+                                format!("reloading the deferred message failed: {error}"),
+                                task.attempt,
+                            ),
+                            event: None,
+                        });
                     }
                 }
             }
@@ -814,7 +844,10 @@ impl Defer {
         };
         let verdict = self.inner.call(&retry).await;
         self.status.record(&verdict);
-        verdict.map(|_| ())
+        verdict.map(|_| ()).map_err(|failure| HeadFailure {
+            failure,
+            event: Some(retry.event),
+        })
     }
 
     async fn remove_head(
@@ -963,6 +996,7 @@ mod tests {
             timers: timers.clone(),
             loader: Arc::new(Reloader),
             status: status.clone(),
+            give_up: Destination::Log,
         })
         .wrap(inner.clone());
         Fixture {
@@ -1090,6 +1124,7 @@ mod tests {
             timers: f.timers.clone(),
             loader: Arc::new(Reloader),
             status: closed.clone(),
+            give_up: Destination::Log,
         })
         .wrap(f.inner.clone());
         f.inner.failing.store(true, Ordering::SeqCst);

@@ -109,11 +109,28 @@ impl FailurePolicy {
             }
             return Ok(Value::Null);
         }
+        self.destination.forward(event, failure, cancel).await
+    }
+}
+
+impl Destination {
+    /// Sends a record the layers gave up on where the mode wants it: logged, or written to
+    /// the failure topic (transient send errors retried until it lands or `cancel` fires).
+    /// Cancelled is the only failure: the record then stays uncommitted (or deferred).
+    ///
+    /// # Errors
+    /// [`FailureKind::Cancelled`] when `cancel` fired before the record landed.
+    pub async fn forward(
+        &self,
+        event: &Event,
+        failure: &Failure,
+        cancel: &CancellationToken,
+    ) -> Verdict {
         let Destination::FailureTopic {
             topic,
             producer,
             retry,
-        } = &self.destination
+        } = self
         else {
             error!(key = %event.key(), offset = ?event.offset(), attempts = failure.attempt,
                 reason = %failure.reason, "giving up on the record (no failure topic): committed");

@@ -218,7 +218,7 @@ mod tests {
     }
 
     /// What the driver reports while a node is down or restarting (seen by the fault test,
-    /// tests/cassandra_fault.rs): every one of them must be retried, never given up on.
+    /// `tests/cassandra_fault.rs`): every one of them must be retried, never given up on.
     #[test]
     fn a_node_that_is_down_or_restarting_is_transient() {
         use std::sync::Arc;

@@ -217,6 +217,35 @@ mod tests {
         assert!(error.to_string().contains("timer.schedule"), "{error}");
     }
 
+    /// What the driver reports while a node is down or restarting (seen by the fault test,
+    /// `tests/cassandra_fault.rs`): every one of them must be retried, never given up on.
+    #[test]
+    fn a_node_that_is_down_or_restarting_is_transient() {
+        use std::sync::Arc;
+
+        use scylla::errors::{ConnectionError, ConnectionPoolError};
+
+        let refused = ConnectionError::IoError(Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        let down = [
+            ExecutionError::ConnectionPoolError(ConnectionPoolError::Broken {
+                last_connection_error: refused,
+            }),
+            ExecutionError::ConnectionPoolError(ConnectionPoolError::Initializing),
+            ExecutionError::EmptyPlan,
+            ExecutionError::LastAttemptError(RequestAttemptError::DbError(
+                DbError::IsBootstrapping,
+                "starting".into(),
+            )),
+        ];
+        for error in down {
+            let error = query_error("state.apply", "keyed_state", error);
+            assert!(!error.is_permanent(), "{error}");
+            assert!(error.to_string().contains("keyed_state"), "{error}");
+        }
+    }
+
     #[test]
     fn start_up_errors_classify() {
         let config = CassandraError::Config {

@@ -13,11 +13,12 @@
 
 use prosody_api::{Key, Offset};
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use tokio_util::sync::CancellationToken;
 
 use super::offsets::OffsetTracker;
 use super::work::Keyed;
+use crate::hashing::KeyMap;
 
 /// What happened to an offered event.
 #[derive(Debug, PartialEq, Eq)]
@@ -51,7 +52,7 @@ pub struct PartitionWork<T> {
     generation: u64,
     max_backlog: usize,
     tracker: OffsetTracker,
-    keys: HashMap<Key, VecDeque<T>>,
+    keys: KeyMap<Key, VecDeque<T>>,
     held: VecDeque<T>,
     backlog: usize,
     running: usize,
@@ -71,7 +72,7 @@ impl<T: Keyed> PartitionWork<T> {
             generation,
             max_backlog: max_backlog.max(1),
             tracker: OffsetTracker::new(),
-            keys: HashMap::new(),
+            keys: KeyMap::default(),
             held: VecDeque::new(),
             backlog: 0,
             running: 0,
@@ -176,6 +177,24 @@ impl<T: Keyed> PartitionWork<T> {
         } else {
             self.keys.remove(key);
             None
+        }
+    }
+
+    /// After an event of `key` finished: true when the key has nothing more queued (or the
+    /// partition was revoked), in which case the key is now idle and its runner must stop;
+    /// false when the runner goes on with the key's next event. Lets the runner stop without
+    /// asking for an admission permit it would not use.
+    pub fn release_if_idle(&mut self, key: &Key) -> bool {
+        if self.revoked {
+            return true;
+        }
+        match self.keys.get(key) {
+            Some(queue) if !queue.is_empty() => false,
+            Some(_) => {
+                self.keys.remove(key);
+                true
+            }
+            None => true,
         }
     }
 
@@ -316,6 +335,18 @@ mod tests {
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(3)));
         work.finish(Some(Offset(3)));
         assert_eq!(work.next_for(&a), None, "queue empty: the runner stops");
+        work.offer(event("a", 4));
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(4)));
+        work.finish(Some(Offset(4)));
+        assert!(work.release_if_idle(&a), "nothing queued: the key is idle");
+        assert!(
+            matches!(work.offer(event("a", 5)), Offer::StartRunner(_)),
+            "an idle key's next event starts a runner"
+        );
+        work.offer(event("a", 6));
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(5)));
+        work.finish(Some(Offset(5)));
+        assert!(!work.release_if_idle(&a), "offset 6 waits: the runner goes on");
         assert_eq!(
             work.offer(event("a", 4)),
             Offer::StartRunner(a),

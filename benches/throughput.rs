@@ -147,12 +147,37 @@ fn parse_number<T: std::str::FromStr>(name: &str, value: &str) -> BenchResult<T>
         .map_err(|_| format!("{name}: expected a positive integer, got {value:?}").into())
 }
 
-/// When a subject's consumer got its partitions, and its first and last record.
+/// When a subject's consumer got its partitions, and its first and last record; and the CPU
+/// time the whole process had used at the assignment and at the last record.
 #[derive(Clone, Copy, Debug)]
 struct Timing {
     assigned: Instant,
     first: Instant,
     last: Instant,
+    cpu_assigned: Duration,
+    cpu_last: Duration,
+}
+
+/// CPU time (user and system, all threads) this process used so far, from `/proc/self/stat`
+/// in clock ticks of 10 ms (`USER_HZ` is 100 on Linux). The bench runs on a shared machine:
+/// CPU per record is what other load disturbs least, where records per second depend on how
+/// much of the machine the subject got. Zero where `/proc` is missing.
+fn process_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // The command name in parentheses may hold spaces; the fields after it are fixed.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |index: usize| {
+        fields
+            .get(index)
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12th and 13th after the name.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 impl Timing {
@@ -165,6 +190,11 @@ impl Timing {
     fn from_first(&self) -> Duration {
         self.last.saturating_duration_since(self.first)
     }
+
+    /// Process CPU time from the assignment to the last record.
+    fn cpu(&self) -> Duration {
+        self.cpu_last.saturating_sub(self.cpu_assigned)
+    }
 }
 
 /// Notes when a consumer the bench cannot hook got its partitions, by asking `assigned` every
@@ -173,7 +203,7 @@ impl Timing {
 /// much, against runs of hundreds of milliseconds.
 struct AssignmentWatch {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Option<Instant>>,
+    thread: std::thread::JoinHandle<Option<(Instant, Duration)>>,
 }
 
 impl AssignmentWatch {
@@ -184,7 +214,7 @@ impl AssignmentWatch {
             move || {
                 while !stop.load(Ordering::Acquire) {
                     if assigned() {
-                        return Some(Instant::now());
+                        return Some((Instant::now(), process_cpu()));
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -194,7 +224,7 @@ impl AssignmentWatch {
         Self { stop, thread }
     }
 
-    fn finish(self) -> BenchResult<Instant> {
+    fn finish(self) -> BenchResult<(Instant, Duration)> {
         self.stop.store(true, Ordering::Release);
         self.thread
             .join()
@@ -235,8 +265,8 @@ impl ThroughputSubject for BareConsumer {
         group: &str,
         expected: usize,
     ) -> BenchResult<Timing> {
-        let consumer: BaseConsumer<AssignmentClock> = consumer_config(bootstrap, group)
-            .create_with_context(AssignmentClock::default())?;
+        let consumer: BaseConsumer<AssignmentClock> =
+            consumer_config(bootstrap, group).create_with_context(AssignmentClock::default())?;
         consumer.subscribe(&[topic])?;
         let topic = topic.to_owned();
         // `BaseConsumer::poll` blocks, so the loop gets a thread of its own.
@@ -267,7 +297,7 @@ impl ThroughputSubject for BareConsumer {
 /// Notes when the baseline's consumer got its partitions: librdkafka calls it from `poll`.
 #[derive(Default)]
 struct AssignmentClock {
-    assigned: parking_lot::Mutex<Option<Instant>>,
+    assigned: parking_lot::Mutex<Option<(Instant, Duration)>>,
 }
 
 impl ClientContext for AssignmentClock {}
@@ -275,7 +305,9 @@ impl ClientContext for AssignmentClock {}
 impl ConsumerContext for AssignmentClock {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if matches!(rebalance, Rebalance::Assign(_)) {
-            self.assigned.lock().get_or_insert_with(Instant::now);
+            self.assigned
+                .lock()
+                .get_or_insert_with(|| (Instant::now(), process_cpu()));
         }
     }
 }
@@ -289,7 +321,7 @@ struct Counts {
     expected: usize,
     count: AtomicUsize,
     first: parking_lot::Mutex<Option<Instant>>,
-    last: parking_lot::Mutex<Option<Instant>>,
+    last: parking_lot::Mutex<Option<(Instant, Duration)>>,
     done: Notify,
 }
 
@@ -309,7 +341,7 @@ impl EventHandler for CountingHandler {
         let now = Instant::now();
         counts.first.lock().get_or_insert(now);
         if counts.count.fetch_add(1, Ordering::AcqRel) + 1 == counts.expected {
-            *counts.last.lock() = Some(now);
+            *counts.last.lock() = Some((now, process_cpu()));
             counts.done.notify_one();
         }
         Ok(Value::Null)
@@ -357,13 +389,15 @@ impl Counts {
         }
     }
 
-    fn timing(&self, assigned: Instant) -> BenchResult<Timing> {
+    fn timing(&self, (assigned, cpu_assigned): (Instant, Duration)) -> BenchResult<Timing> {
         let first = self.first.lock().ok_or("no first record")?;
-        let last = self.last.lock().ok_or("no last record")?;
+        let (last, cpu_last) = self.last.lock().ok_or("no last record")?;
         Ok(Timing {
             assigned,
             first,
             last,
+            cpu_assigned,
+            cpu_last,
         })
     }
 }
@@ -518,11 +552,13 @@ impl Progress {
         .into()
     }
 
-    fn timing(&self, assigned: Instant) -> BenchResult<Timing> {
+    fn timing(&self, (assigned, cpu_assigned): (Instant, Duration)) -> BenchResult<Timing> {
         Ok(Timing {
             assigned,
             first: self.first.ok_or("no first record")?,
             last: self.last,
+            cpu_assigned,
+            cpu_last: process_cpu(),
         })
     }
 }
@@ -754,6 +790,8 @@ fn rate(records: usize, elapsed: Duration) -> f64 {
 struct Rates {
     assigned: f64,
     first: f64,
+    /// Process CPU microseconds per record.
+    cpu_us: f64,
 }
 
 fn median(rates: &mut [f64]) -> Option<f64> {
@@ -776,17 +814,25 @@ async fn measure(
         .map_err(|error| format!("{}: {error}", subject.name()))?;
     let per_second = rate(records, timing.elapsed());
     let from_first = rate(records, timing.from_first());
+    // Precision loss only past 2^52 records.
+    #[allow(clippy::cast_precision_loss)]
+    let cpu_us = timing.cpu().as_secs_f64() * 1e6 / records as f64;
     println!(
         "{}: {per_second:.0} records/s ({records} records in {:.3} s from assignment; \
-         first record after {:.3} s; from first record {from_first:.0} records/s)",
+         first record after {:.3} s; from first record {from_first:.0} records/s; \
+         process CPU {cpu_us:.2} us/record)",
         subject.name(),
         timing.elapsed().as_secs_f64(),
-        timing.first.saturating_duration_since(timing.assigned).as_secs_f64()
+        timing
+            .first
+            .saturating_duration_since(timing.assigned)
+            .as_secs_f64()
     );
     memory.after(subject.name());
     Ok(Rates {
         assigned: per_second,
         first: from_first,
+        cpu_us,
     })
 }
 
@@ -877,19 +923,33 @@ async fn measure_all(
     };
     let [first_baseline, first_core, first_client] = medians(|rates| rates.first);
     let [baseline, core, client] = medians(|rates| rates.assigned);
-    for (name, (rate, first)) in names.iter().zip(
-        [baseline, core, client]
-            .into_iter()
-            .zip([first_baseline, first_core, first_client]),
-    ) {
+    for (name, (rate, first)) in names.iter().zip([baseline, core, client].into_iter().zip([
+        first_baseline,
+        first_core,
+        first_client,
+    ])) {
         if let (Some(rate), Some(first)) = (rate, first) {
             println!(
                 "{name} median: {rate:.0} records/s (from first record: {first:.0} records/s)"
             );
         }
     }
-    if let (Some(baseline), Some(client), Some(core)) = (first_baseline, first_client, first_core)
-    {
+    let [cpu_baseline, cpu_core, cpu_client] = medians(|rates| rates.cpu_us);
+    for (name, cpu) in names.iter().zip([cpu_baseline, cpu_core, cpu_client]) {
+        if let Some(cpu) = cpu {
+            println!("{name} median CPU: {cpu:.2} us/record");
+        }
+    }
+    if let (Some(baseline), Some(core), Some(client)) = (cpu_baseline, cpu_core, cpu_client) {
+        println!(
+            "by CPU per record: client/baseline {:.2}, core/baseline {:.2}, \
+             middleware cost (1 - core/client) {:.1}%",
+            baseline / client,
+            baseline / core,
+            (1.0 - core / client) * 100.0
+        );
+    }
+    if let (Some(baseline), Some(client), Some(core)) = (first_baseline, first_client, first_core) {
         println!(
             "from first record: client/baseline {:.2}, core/baseline {:.2}, 1 - client/core {:.1}%",
             client / baseline,

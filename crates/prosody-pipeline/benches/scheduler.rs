@@ -95,7 +95,10 @@ fn main() {
             // Alternating who goes first spreads warm-up and allocator state evenly.
             let (fair_cost, fifo_cost) = if round % 2 == 0 {
                 let fair_cost = churn(fair()).await;
-                (fair_cost, churn(Arc::new(SemaphoreAdmission::new(MAX_CONCURRENCY))).await)
+                (
+                    fair_cost,
+                    churn(Arc::new(SemaphoreAdmission::new(MAX_CONCURRENCY))).await,
+                )
             } else {
                 let fifo_cost = churn(Arc::new(SemaphoreAdmission::new(MAX_CONCURRENCY))).await;
                 (churn(fair()).await, fifo_cost)

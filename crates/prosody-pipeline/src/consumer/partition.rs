@@ -12,8 +12,8 @@
 //! still see or starts a new runner.
 
 use prosody_api::{Key, Offset};
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
 use tokio_util::sync::CancellationToken;
 
 use super::offsets::OffsetTracker;
@@ -311,6 +311,30 @@ mod tests {
     }
 
     #[test]
+    fn a_finished_key_with_nothing_queued_is_released_at_once() {
+        let mut work = work(10);
+        let a = Key::from("a");
+        work.offer(event("a", 0));
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(0)));
+        work.offer(event("a", 1));
+        work.finish(Some(Offset(0)));
+        assert!(
+            !work.release_if_idle(&a),
+            "offset 1 waits: the runner goes on"
+        );
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(1)));
+        work.finish(Some(Offset(1)));
+        assert!(work.release_if_idle(&a), "nothing queued: the key is idle");
+        assert_eq!(
+            work.offer(event("a", 2)),
+            Offer::StartRunner(a.clone()),
+            "an idle key's next event starts a new runner"
+        );
+        work.revoke();
+        assert!(work.release_if_idle(&a), "a revoked partition runs nothing");
+    }
+
+    #[test]
     fn one_runner_per_key_in_offer_order() {
         let mut work = work(10);
         assert_eq!(
@@ -335,18 +359,6 @@ mod tests {
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(3)));
         work.finish(Some(Offset(3)));
         assert_eq!(work.next_for(&a), None, "queue empty: the runner stops");
-        work.offer(event("a", 4));
-        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(4)));
-        work.finish(Some(Offset(4)));
-        assert!(work.release_if_idle(&a), "nothing queued: the key is idle");
-        assert!(
-            matches!(work.offer(event("a", 5)), Offer::StartRunner(_)),
-            "an idle key's next event starts a runner"
-        );
-        work.offer(event("a", 6));
-        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(5)));
-        work.finish(Some(Offset(5)));
-        assert!(!work.release_if_idle(&a), "offset 6 waits: the runner goes on");
         assert_eq!(
             work.offer(event("a", 4)),
             Offer::StartRunner(a),

@@ -187,7 +187,7 @@ impl Timing {
     }
 
     /// From the first record to the last (how this bench used to time).
-    fn from_first(&self) -> Duration {
+    fn since_first(&self) -> Duration {
         self.last.saturating_duration_since(self.first)
     }
 
@@ -813,7 +813,7 @@ async fn measure(
         .await
         .map_err(|error| format!("{}: {error}", subject.name()))?;
     let per_second = rate(records, timing.elapsed());
-    let from_first = rate(records, timing.from_first());
+    let from_first = rate(records, timing.since_first());
     // Precision loss only past 2^52 records.
     #[allow(clippy::cast_precision_loss)]
     let cpu_us = timing.cpu().as_secs_f64() * 1e6 / records as f64;

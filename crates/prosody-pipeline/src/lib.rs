@@ -8,6 +8,7 @@
 pub mod consumer;
 pub mod dispatch;
 pub mod event;
+pub mod hashing;
 pub mod kafka;
 pub mod middleware;
 pub mod probes;

@@ -20,7 +20,7 @@
 //! longest wait: the boost only grows with the wait, so the longest waiter is the one it can
 //! lift furthest, and keeping both orders in trees makes each grant O(log n).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::consumer::{Admission, Permit, TaskClass};
+use crate::hashing::KeyMap;
 
 /// The scheduler's settings (FEATURES.md section 2).
 #[derive(Clone, Debug)]
@@ -87,7 +88,7 @@ struct State {
     floor: [Vt; 2],
     /// Per class: the virtual time of each remembered key. Kept under the same lock as the
     /// queues (a concurrent cache would add its own synchronisation to every grant).
-    keys: [HashMap<Key, Vt>; 2],
+    keys: [KeyMap<Key, Vt>; 2],
 }
 
 impl State {
@@ -162,7 +163,7 @@ impl FairScheduler {
                     queues: [Queue::default(), Queue::default()],
                     class_time: [0.0; 2],
                     floor: [0; 2],
-                    keys: [HashMap::new(), HashMap::new()],
+                    keys: [KeyMap::default(), KeyMap::default()],
                 }),
                 settings,
             }),
@@ -545,35 +546,5 @@ mod tests {
             waited >= Duration::from_millis(500) && waited <= max_wait + run,
             "waited {waited:?}: behind fresh keys, but not past max_wait"
         );
-    }
-
-    /// Measurement, not a check: the cost of a grant under contention against a plain
-    /// semaphore. `cargo test --release -p prosody-pipeline --lib scheduler -- --ignored
-    /// --nocapture`.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "measurement"]
-    async fn grant_cost_under_contention() {
-        async fn churn(admission: Arc<dyn Admission>) -> Duration {
-            let started = std::time::Instant::now();
-            let workers: Vec<_> = (0..128)
-                .map(|worker| {
-                    let admission = admission.clone();
-                    tokio::spawn(async move {
-                        for round in 0..2_000 {
-                            let key = Key::from(format!("k{}", (worker * 7 + round) % 10_000));
-                            drop(admission.acquire(&key, TaskClass::Normal).await);
-                            tokio::task::yield_now().await;
-                        }
-                    })
-                })
-                .collect();
-            for worker in workers {
-                worker.await.expect("joined");
-            }
-            started.elapsed() / (128 * 2_000)
-        }
-        let fair = churn(Arc::new(scheduler(32))).await;
-        let fifo = churn(Arc::new(crate::consumer::SemaphoreAdmission::new(32))).await;
-        println!("per grant: fair {fair:?}, semaphore {fifo:?}");
     }
 }

@@ -3,7 +3,6 @@
 //! [`Engine::offer`], pausing goes out through [`FlowControl`], and handling through
 //! [`Dispatch`], so the whole engine runs in unit tests without a broker.
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -22,6 +21,7 @@ use super::partition::{Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use super::work::{Keyed, Work};
 use crate::event::{Event, FiredTimer};
+use crate::hashing::KeyMap;
 use crate::probes::{HealthRegistry, PartitionHealth};
 use crate::timers::{TimerSink, Timers};
 
@@ -93,7 +93,7 @@ struct Slot {
 pub type RevocationHook = Arc<dyn Fn(&[TopicPartition]) + Send + Sync>;
 
 struct Inner {
-    state: Mutex<HashMap<TopicPartition, Slot>>,
+    state: Mutex<KeyMap<TopicPartition, Slot>>,
     revocation_hooks: Mutex<Vec<RevocationHook>>,
     generation: Mutex<u64>,
     dispatch: Arc<dyn Dispatch>,
@@ -167,7 +167,7 @@ impl Engine {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                state: Mutex::new(HashMap::new()),
+                state: Mutex::new(KeyMap::default()),
                 revocation_hooks: Mutex::new(Vec::new()),
                 generation: Mutex::new(0),
                 dispatch,
@@ -501,8 +501,11 @@ impl Engine {
                 // An earlier event of the key removed it after it fired: nothing to handle.
                 debug!(%partition, %key, time = %fired.timer.time, "fired timer was removed: skipped");
                 timers.finished(fired, true);
-                self.finish(&partition, generation, None);
+                let idle = self.finish(&partition, generation, &key, None);
                 drop(permit);
+                if idle {
+                    return;
+                }
                 continue;
             }
             let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
@@ -523,23 +526,38 @@ impl Engine {
             if let (Some(fired), Some(timers)) = (&fired, timers) {
                 timers.finished(fired, completed);
             }
-            self.finish(&partition, generation, offset.filter(|_| completed));
+            let idle = self.finish(&partition, generation, &key, offset.filter(|_| completed));
             // Released only after the finish is recorded, so the engine never counts more
             // running events than there are permits (unless the dispatch gave it back).
             drop(permit);
+            if idle {
+                // Decided under the lock with the finish: asking for a permit first only to
+                // find the queue empty cost a whole admission (and the fair scheduler's
+                // bookkeeping) per event, since most keys have one event queued at a time.
+                return;
+            }
         }
     }
 
-    fn finish(&self, partition: &TopicPartition, generation: u64, offset: Option<Offset>) {
-        let (finished, drained) = {
+    /// Records the end of an event of `key`; true when the key has nothing more queued (it is
+    /// now idle, or its assignment is gone), so its runner stops.
+    fn finish(
+        &self,
+        partition: &TopicPartition,
+        generation: u64,
+        key: &Key,
+        offset: Option<Offset>,
+    ) -> bool {
+        let (finished, drained, idle) = {
             let mut state = self.inner.state.lock();
             let Some(slot) = state
                 .get_mut(partition)
                 .filter(|slot| slot.work.generation() == generation)
             else {
-                return;
+                return true;
             };
             let finished = slot.work.finish(offset);
+            let idle = slot.work.release_if_idle(key);
             slot.health.progress();
             if slot.work.is_idle() {
                 slot.health.idle();
@@ -549,7 +567,7 @@ impl Engine {
                 debug!(%partition, "backlog drained: resuming");
                 self.inner.flow.resume(partition);
             }
-            (finished, slot.drained.clone())
+            (finished, slot.drained.clone(), idle)
         };
         for key in finished.start {
             self.spawn_runner(partition.clone(), generation, key);
@@ -557,6 +575,7 @@ impl Engine {
         if finished.drained {
             drained.notify_one();
         }
+        idle
     }
 }
 
@@ -591,6 +610,7 @@ pub struct Load {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use prosody_api::{Headers, Message, Partition, Timestamp, Topic};

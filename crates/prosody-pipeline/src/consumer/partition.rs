@@ -12,12 +12,13 @@
 //! still see or starts a new runner.
 
 use prosody_api::{Key, Offset};
+use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
 use tokio_util::sync::CancellationToken;
 
 use super::offsets::OffsetTracker;
 use super::work::Keyed;
+use crate::hashing::KeyMap;
 
 /// What happened to an offered event.
 #[derive(Debug, PartialEq, Eq)]
@@ -51,7 +52,7 @@ pub struct PartitionWork<T> {
     generation: u64,
     max_backlog: usize,
     tracker: OffsetTracker,
-    keys: HashMap<Key, VecDeque<T>>,
+    keys: KeyMap<Key, VecDeque<T>>,
     held: VecDeque<T>,
     backlog: usize,
     running: usize,
@@ -71,7 +72,7 @@ impl<T: Keyed> PartitionWork<T> {
             generation,
             max_backlog: max_backlog.max(1),
             tracker: OffsetTracker::new(),
-            keys: HashMap::new(),
+            keys: KeyMap::default(),
             held: VecDeque::new(),
             backlog: 0,
             running: 0,
@@ -176,6 +177,24 @@ impl<T: Keyed> PartitionWork<T> {
         } else {
             self.keys.remove(key);
             None
+        }
+    }
+
+    /// After an event of `key` finished: true when the key has nothing more queued (or the
+    /// partition was revoked), in which case the key is now idle and its runner must stop;
+    /// false when the runner goes on with the key's next event. Lets the runner stop without
+    /// asking for an admission permit it would not use.
+    pub fn release_if_idle(&mut self, key: &Key) -> bool {
+        if self.revoked {
+            return true;
+        }
+        match self.keys.get(key) {
+            Some(queue) if !queue.is_empty() => false,
+            Some(_) => {
+                self.keys.remove(key);
+                true
+            }
+            None => true,
         }
     }
 
@@ -289,6 +308,30 @@ mod tests {
 
     fn work(max_backlog: usize) -> PartitionWork<Event> {
         PartitionWork::new(1, max_backlog, CancellationToken::new())
+    }
+
+    #[test]
+    fn a_finished_key_with_nothing_queued_is_released_at_once() {
+        let mut work = work(10);
+        let a = Key::from("a");
+        work.offer(event("a", 0));
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(0)));
+        work.offer(event("a", 1));
+        work.finish(Some(Offset(0)));
+        assert!(
+            !work.release_if_idle(&a),
+            "offset 1 waits: the runner goes on"
+        );
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(1)));
+        work.finish(Some(Offset(1)));
+        assert!(work.release_if_idle(&a), "nothing queued: the key is idle");
+        assert_eq!(
+            work.offer(event("a", 2)),
+            Offer::StartRunner(a.clone()),
+            "an idle key's next event starts a new runner"
+        );
+        work.revoke();
+        assert!(work.release_if_idle(&a), "a revoked partition runs nothing");
     }
 
     #[test]

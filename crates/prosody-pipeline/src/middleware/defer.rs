@@ -35,7 +35,7 @@
 //! only writer); a revocation (the partition's cancellation) starts a new cache epoch so a
 //! partition that comes back is read from the store again.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -52,6 +52,7 @@ use tracing::{debug, error, info, warn};
 use super::failure_policy::Destination;
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::{Event, FiredTimer};
+use crate::hashing::KeyMap;
 use crate::kafka::loader::LoadRecord;
 use crate::timers::{TimerWrite, Timers};
 
@@ -343,9 +344,9 @@ pub struct Defer {
 #[derive(Default)]
 struct Cache {
     capacity: usize,
-    epochs: HashMap<(Topic, Partition), (CancellationToken, u64)>,
+    epochs: KeyMap<(Topic, Partition), (CancellationToken, u64)>,
     next_epoch: u64,
-    work: HashMap<CacheKey, Arc<KeyWork>>,
+    work: KeyMap<CacheKey, Arc<KeyWork>>,
 }
 
 impl Cache {

@@ -9,7 +9,6 @@
 //! for at most `monopolizationCacheSize` keys; keys with no time left in the window are
 //! forgotten first.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,6 +21,7 @@ use tracing::warn;
 
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::Event;
+use crate::hashing::KeyMap;
 
 /// Buckets a key's window is divided in.
 const BUCKETS: u32 = 10;
@@ -87,7 +87,7 @@ pub struct Monopolization {
     allowed: u64,
     /// One lock for lookup and update: a concurrent cache would add its own synchronisation
     /// to every event for nothing.
-    usage: Mutex<HashMap<(Topic, Key), Usage>>,
+    usage: Mutex<KeyMap<(Topic, Key), Usage>>,
     status: MonopolizationStatus,
     inner: Arc<dyn Service>,
 }
@@ -109,7 +109,7 @@ impl Layer for MonopolizationLayer {
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
             settings: MonopolizationSettings { window, ..settings },
-            usage: Mutex::new(HashMap::new()),
+            usage: Mutex::new(KeyMap::default()),
             status: self.status,
             inner,
         })
@@ -124,7 +124,9 @@ impl Service for Monopolization {
         }
         let (topic, _) = task.event.source();
         let index = (topic.clone(), task.event.key().clone());
-        let now = self.bucket(Instant::now());
+        // One clock read serves the window check and the start of the run.
+        let started = Instant::now();
+        let now = self.bucket(started);
         let used = self
             .usage
             .lock()
@@ -145,7 +147,6 @@ impl Service for Monopolization {
                 task.attempt,
             ));
         }
-        let started = Instant::now();
         let verdict = self.inner.call(task).await;
         let ended = Instant::now();
         self.charge(index, self.bucket(ended), nanos(ended - started));

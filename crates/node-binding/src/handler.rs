@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use prosody::api::{
     ClassifyError, ErrorClass, EventContext, EventHandler, ExciseMessage, Message, Timer,
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::context::{Attempt, complete};
 
@@ -175,11 +175,30 @@ impl Bridge {
             batch.scheduled = true;
             deliver
         };
-        if deliver.call((), ThreadsafeFunctionCallMode::NonBlocking) != Status::Ok {
-            let pending = mem::take(&mut self.batch.lock().events);
-            complete(pending.into_iter().map(|(id, _)| (id, Some(released()))));
+        if deliver_when_idle() && tokio::runtime::Handle::try_current().is_ok() {
+            let batch = self.batch.clone();
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                deliver_now(&deliver, &batch);
+            });
+        } else {
+            deliver_now(&deliver, &self.batch);
         }
         true
+    }
+}
+
+fn deliver_when_idle() -> bool {
+    static IDLE: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        std::env::var("PROSODY_NODE_FLUSH").map_or(true, |value| value != "immediate")
+    });
+    *IDLE
+}
+
+fn deliver_now(deliver: &DeliverFn, batch: &Mutex<Batch>) {
+    if deliver.call((), ThreadsafeFunctionCallMode::NonBlocking) != Status::Ok {
+        let pending = mem::take(&mut batch.lock().events);
+        complete(pending.into_iter().map(|(id, _)| (id, Some(released()))));
     }
 }
 
@@ -232,12 +251,18 @@ impl JsHandler {
     async fn run(
         &self,
         context: &dyn EventContext,
-        event: impl FnOnce(u32) -> Value,
+        event: impl FnOnce(u32) -> serde_json::Result<String>,
     ) -> Result<Value, JsHandlerError> {
         let (attempt, mut requests, completion) = Attempt::open();
         let id = attempt.id();
         let abort = self.bridge.abort_fn();
-        if !self.bridge.enqueue(id, event(id).to_string()) {
+        let event = event(id).map_err(|error| {
+            JsHandlerError::new(
+                format!("the event cannot be encoded for JavaScript: {error}"),
+                ErrorClass::Permanent,
+            )
+        })?;
+        if !self.bridge.enqueue(id, event) {
             return Err(JsHandlerError::new(
                 "the JavaScript handler was released (unsubscribed or shut down)",
                 ErrorClass::Transient,
@@ -306,8 +331,9 @@ impl EventHandler for JsHandler {
         context: &dyn EventContext,
         message: &Message,
     ) -> Result<Value, JsHandlerError> {
+        // A tuple serializes as the JSON array directly, without copying the payload first.
         self.run(context, |id| {
-            json!([
+            serde_json::to_string(&(
                 EventKind::Message as u8,
                 id,
                 message.key.as_str(),
@@ -316,7 +342,7 @@ impl EventHandler for JsHandler {
                 message.offset.0,
                 message.timestamp.as_millis(),
                 &message.payload,
-            ])
+            ))
         })
         .await
     }
@@ -327,7 +353,7 @@ impl EventHandler for JsHandler {
         message: &ExciseMessage,
     ) -> Result<Value, JsHandlerError> {
         self.run(context, |id| {
-            json!([
+            serde_json::to_string(&(
                 EventKind::Excise as u8,
                 id,
                 message.key.as_str(),
@@ -335,7 +361,7 @@ impl EventHandler for JsHandler {
                 message.partition.0,
                 message.offset.0,
                 message.timestamp.as_millis(),
-            ])
+            ))
         })
         .await
     }
@@ -347,7 +373,7 @@ impl EventHandler for JsHandler {
     ) -> Result<(), JsHandlerError> {
         let millis = timer.time.as_secs().saturating_mul(1000);
         self.run(context, |id| {
-            json!([EventKind::Timer as u8, id, timer.key.as_str(), millis])
+            serde_json::to_string(&(EventKind::Timer as u8, id, timer.key.as_str(), millis))
         })
         .await
         .map(drop)

@@ -9,7 +9,7 @@
 // last record (process.hrtime), so consumer start-up and group join are excluded on both. Each
 // side also reports the process CPU time (all threads) and event-loop utilization over that
 // window. BENCH_ORDER=kafkajs runs KafkaJS first (default: prosody first);
-// BENCH_MAX_CONCURRENCY overrides Prosody's maxConcurrency (default 1024, above the 1000 keys).
+// BENCH_ONLY=prosody skips KafkaJS (for profiling); BENCH_MAX_CONCURRENCY overrides Prosody's maxConcurrency (default 256).
 "use strict";
 
 const { randomUUID } = require("node:crypto");
@@ -20,7 +20,7 @@ const { ProsodyClient, AdminClient, setLogger } = require("..");
 const RECORDS = Number(process.argv[2] ?? 100_000);
 const PARTITIONS = 4;
 const KEYS = 1000;
-const MAX_CONCURRENCY = Number(process.env.BENCH_MAX_CONCURRENCY ?? 1024);
+const MAX_CONCURRENCY = Number(process.env.BENCH_MAX_CONCURRENCY ?? 256);
 
 // BENCH_VERBOSE=1: count the completion reports index.js makes (one per batch of handlers that
 // settled in the same event-loop turn), to see how many events each round trip carries.
@@ -157,6 +157,10 @@ async function main() {
     );
     let prosody;
     let kafkajs;
+    if (process.env.BENCH_ONLY === "prosody") {
+      console.log(describe("prosody subscribe:  ", await benchProsody()));
+      return;
+    }
     if (process.env.BENCH_ORDER === "kafkajs") {
       kafkajs = await benchKafkaJs();
       console.log(describe("kafkajs eachMessage:", kafkajs));

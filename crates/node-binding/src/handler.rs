@@ -2,7 +2,8 @@
 //!
 //! Events reach JavaScript in batches. An attempt registers itself (see [`crate::context`]),
 //! appends its event, already encoded as a JSON array, to the bridge's pending batch and, if no
-//! delivery is scheduled yet, schedules one napi [`ThreadsafeFunction`] call. That call runs on
+//! delivery is scheduled yet, schedules one napi [`ThreadsafeFunction`] call for when its tokio
+//! worker runs out of ready tasks (see [`Bridge::enqueue`]). That call runs on
 //! the Node.js thread, takes the whole pending batch in one string and hands it to the
 //! JavaScript `deliver(batch)` function, which parses it with one `JSON.parse` (payloads
 //! included) and starts the application's `onMessage`/`onExcise`/`onTimer` for each event.

@@ -2,17 +2,38 @@
 // same N records through KafkaJS eachMessage with a trivial handler, on the same topic in the
 // same run (each with its own consumer group, both reading from the beginning).
 //
-//   cd crates/node-binding && npm run build && (cd bench && npm install)
+//   cd crates/node-binding && npm run build && (cd bench && npm ci)
 //   PROSODY_BOOTSTRAP_SERVERS=127.0.0.1:9092 node bench/throughput.js [records]
+//
+// Both sides are timed the same way: from the first handler call to the call that counts the
+// last record (process.hrtime), so consumer start-up and group join are excluded on both. Each
+// side also reports the process CPU time (all threads) and event-loop utilization over that
+// window. BENCH_ORDER=kafkajs runs KafkaJS first (default: prosody first);
+// BENCH_ONLY=prosody skips KafkaJS (for profiling); BENCH_MAX_CONCURRENCY overrides Prosody's maxConcurrency (default 256).
 "use strict";
 
 const { randomUUID } = require("node:crypto");
 const { Kafka, logLevel } = require("kafkajs");
+const { performance } = require("node:perf_hooks");
 const { ProsodyClient, AdminClient, setLogger } = require("..");
 
 const RECORDS = Number(process.argv[2] ?? 100_000);
 const PARTITIONS = 4;
 const KEYS = 1000;
+const MAX_CONCURRENCY = Number(process.env.BENCH_MAX_CONCURRENCY ?? 256);
+
+// BENCH_VERBOSE=1: count the completion reports index.js makes (one per batch of handlers that
+// settled in the same event-loop turn), to see how many events each round trip carries.
+const completions = { calls: 0, events: 0 };
+if (process.env.BENCH_VERBOSE) {
+  const native = require("../native");
+  const completeEvents = native.completeEvents;
+  native.completeEvents = (ok, others) => {
+    completions.calls += 1;
+    completions.events += ok.length + (others ? JSON.parse(others).length : 0);
+    return completeEvents(ok, others);
+  };
+}
 const servers = process.env.PROSODY_BOOTSTRAP_SERVERS;
 if (!servers) {
   console.error("PROSODY_BOOTSTRAP_SERVERS is not set: run `scripts/services up kafka` first");
@@ -47,18 +68,13 @@ async function benchProsody() {
     subscribedTopics: topic,
     storageBackend: "memory",
     probePort: null,
-    maxConcurrency: 256,
+    maxConcurrency: MAX_CONCURRENCY,
     maxUncommitted: 4096,
   });
-  let count = 0;
-  let started;
-  let resolveDone;
-  const done = new Promise((resolve) => (resolveDone = resolve));
+  const meter = new Meter();
   await client.subscribe({
     async onMessage() {
-      if (count === 0) started = process.hrtime.bigint();
-      count += 1;
-      if (count === RECORDS) resolveDone(process.hrtime.bigint());
+      meter.tick();
       return null;
     },
     async onExcise() {
@@ -66,39 +82,69 @@ async function benchProsody() {
     },
     async onTimer() {},
   });
-  const elu = require("node:perf_hooks").performance.eventLoopUtilization();
-  const ended = await done;
-  const used = require("node:perf_hooks").performance.eventLoopUtilization(elu);
-  if (process.env.BENCH_VERBOSE) console.log(`prosody event-loop utilization: ${(used.utilization * 100).toFixed(0)}%`);
+  const before = { ...completions };
+  const result = await meter.done;
+  if (process.env.BENCH_VERBOSE) {
+    const calls = completions.calls - before.calls;
+    const events = completions.events - before.events;
+    console.log(`prosody completion reports: ${calls}, ${(events / calls).toFixed(1)} events each`);
+  }
   await client.shutdown();
-  return rate(started, ended);
+  return result;
 }
 
 async function benchKafkaJs() {
   const consumer = kafka.consumer({ groupId: `bench-kafkajs-${randomUUID().slice(0, 8)}` });
   await consumer.connect();
   await consumer.subscribe({ topic, fromBeginning: true });
-  let count = 0;
-  let started;
-  let resolveDone;
-  const done = new Promise((resolve) => (resolveDone = resolve));
+  const meter = new Meter();
   await consumer.run({
     partitionsConsumedConcurrently: PARTITIONS,
     eachMessage: async ({ message }) => {
-      if (count === 0) started = process.hrtime.bigint();
+      meter.tick();
+      // Prosody hands handlers the payload already parsed; KafkaJS hands bytes.
       JSON.parse(message.value.toString());
-      count += 1;
-      if (count === RECORDS) resolveDone(process.hrtime.bigint());
     },
   });
-  const ended = await done;
+  const result = await meter.done;
   await consumer.disconnect();
-  return rate(started, ended);
+  return result;
 }
 
-function rate(started, ended) {
-  const seconds = Number(ended - started) / 1e9;
-  return { seconds, perSecond: RECORDS / seconds };
+/** Counts handler calls; resolves with rate, CPU and event-loop use once RECORDS were seen. */
+class Meter {
+  constructor() {
+    this.count = 0;
+    this.done = new Promise((resolve) => (this.resolve = resolve));
+  }
+
+  tick() {
+    if (this.count === 0) {
+      this.started = process.hrtime.bigint();
+      this.cpu = process.cpuUsage();
+      this.elu = performance.eventLoopUtilization();
+    }
+    this.count += 1;
+    if (this.count === RECORDS) {
+      const seconds = Number(process.hrtime.bigint() - this.started) / 1e9;
+      const cpu = process.cpuUsage(this.cpu);
+      const elu = performance.eventLoopUtilization(this.elu);
+      this.resolve({
+        seconds,
+        perSecond: RECORDS / seconds,
+        cpuSeconds: (cpu.user + cpu.system) / 1e6,
+        loop: elu.utilization,
+      });
+    }
+  }
+}
+
+function describe(name, result) {
+  return (
+    `${name} ${result.perSecond.toFixed(0)} records/s (${result.seconds.toFixed(2)} s, ` +
+    `CPU ${result.cpuSeconds.toFixed(2)} s = ${((result.cpuSeconds / result.seconds) * 100).toFixed(0)}% of a core, ` +
+    `${((result.cpuSeconds / RECORDS) * 1e6).toFixed(1)} us/record, event loop ${(result.loop * 100).toFixed(0)}% busy)`
+  );
 }
 
 async function main() {
@@ -106,11 +152,26 @@ async function main() {
   await admin.createTopic(topic, PARTITIONS, 1);
   try {
     await produce();
-    console.log(`${RECORDS} records, ${PARTITIONS} partitions, ${KEYS} keys, topic ${topic}`);
-    const prosody = await benchProsody();
-    console.log(`prosody subscribe:  ${prosody.perSecond.toFixed(0)} records/s (${prosody.seconds.toFixed(2)} s)`);
-    const kafkajs = await benchKafkaJs();
-    console.log(`kafkajs eachMessage: ${kafkajs.perSecond.toFixed(0)} records/s (${kafkajs.seconds.toFixed(2)} s)`);
+    console.log(
+      `${RECORDS} records, ${PARTITIONS} partitions, ${KEYS} keys, maxConcurrency ${MAX_CONCURRENCY}, topic ${topic}`,
+    );
+    let prosody;
+    let kafkajs;
+    if (process.env.BENCH_ONLY === "prosody") {
+      console.log(describe("prosody subscribe:  ", await benchProsody()));
+      return;
+    }
+    if (process.env.BENCH_ORDER === "kafkajs") {
+      kafkajs = await benchKafkaJs();
+      console.log(describe("kafkajs eachMessage:", kafkajs));
+      prosody = await benchProsody();
+      console.log(describe("prosody subscribe:  ", prosody));
+    } else {
+      prosody = await benchProsody();
+      console.log(describe("prosody subscribe:  ", prosody));
+      kafkajs = await benchKafkaJs();
+      console.log(describe("kafkajs eachMessage:", kafkajs));
+    }
     console.log(`ratio prosody/kafkajs: ${(prosody.perSecond / kafkajs.perSecond).toFixed(2)}x`);
   } finally {
     await admin.deleteTopic(topic);

@@ -148,6 +148,38 @@ test("the AbortSignal aborts, shouldCancel flips and onCancel resolves on cancel
     assert.equal(await client.consumerState(), "configured");
   }));
 
+test("every handler that can reach its third argument gets an AbortSignal", async () => {
+  // index.js skips building the signal only for handlers that cannot receive it; each of
+  // these can, in a way the function's `length` does not show (or through a decorator).
+  const seen = new Map();
+  const record = (way, signal) => {
+    seen.set(way, signal instanceof AbortSignal && !signal.aborted);
+    return null;
+  };
+  const ways = {
+    named: async (context, message, signal) => record("named", signal),
+    rest: async (...args) => record("rest", args[2]),
+    defaulted: async (context, message = {}, signal) => record("defaulted", signal),
+    destructured: async (context, { key } = {}, signal) => record("destructured", signal),
+    arguments: function (context, message) {
+      record("arguments", arguments[2]);
+      return Promise.resolve(null);
+    },
+    decorated: permanent(TypeError)(async (context, message, signal) => record("decorated", signal)),
+  };
+  // One client per way, side by side: each way must be the handler's own onMessage.
+  await Promise.all(
+    Object.entries(ways).map(([name, way]) =>
+      withClient({}, async (client) => {
+        await client.subscribe(recorder({ onMessage: way }));
+        await client.send("events", name, {});
+        await waitFor(`the ${name} handler`, () => seen.has(name), 60000);
+      }),
+    ),
+  );
+  for (const name of Object.keys(ways)) assert.equal(seen.get(name), true, name);
+});
+
 test("timeoutMs aborts the handler's signal", async () => {
   await withClient({ timeoutMs: 300, stallThresholdMs: 60000 }, async (client) => {
     let outcome;

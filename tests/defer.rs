@@ -317,7 +317,7 @@ async fn the_failure_rate_gate_switches_deferral_off_and_back_on() {
     let total = 400_u64;
     let send = |index: u64| {
         let key = format!("key-{}", index % 40);
-        let payload = json!({ "seq": index / 40, "flaky": index % 20 != 0 });
+        let payload = json!({ "seq": index / 40, "flaky": !index.is_multiple_of(20) });
         let (sender, topic) = (&sender, &topic);
         async move { sender.send(topic, &key, &payload).await.expect("send") }
     };

@@ -726,18 +726,17 @@ impl Defer {
                     }
                 }
                 Err(HeadFailure { failure, event }) if failure.kind == FailureKind::Permanent => {
-                    match event.as_deref() {
-                        Some(message @ Event::Message(_)) => {
-                            if let Err(cancelled) =
-                                self.give_up.forward(message, &failure, &task.cancel).await
-                            {
-                                // Still deferred: the next retry (or owner) forwards it.
-                                self.remember(&place, work);
-                                return Err(cancelled);
-                            }
+                    if let Some(message @ Event::Message(_)) = event.as_deref() {
+                        if let Err(cancelled) =
+                            self.give_up.forward(message, &failure, &task.cancel).await
+                        {
+                            // Still deferred: the next retry (or owner) forwards it.
+                            self.remember(&place, work);
+                            return Err(cancelled);
                         }
-                        _ => error!(key = %place.key, ?head, reason = %failure.reason,
-                            "deferred work failed permanently: dropped"),
+                    } else {
+                        error!(key = %place.key, ?head, reason = %failure.reason,
+                            "deferred work failed permanently: dropped");
                     }
                     self.status.count(|inner| &inner.dropped);
                     if let Err(error) = self.remove_head(&place, &mut work, head).await {

@@ -105,8 +105,8 @@ impl ProsodyClient {
         Self::new(Config::from_options(options)?).await
     }
 
-    /// Creates a client from a resolved configuration. In mock mode with no bootstrap servers
-    /// it starts librdkafka's in-process mock cluster.
+    /// Creates a client from a resolved configuration. In mock mode it starts librdkafka's
+    /// in-process mock cluster (any bootstrap servers are ignored).
     ///
     /// Every store (timers, deferred work, dedup, keyed state, published reads) comes from the
     /// configured storage backend (see [`crate::backend`]). With the memory backend (and in
@@ -159,7 +159,13 @@ impl ProsodyClient {
     ) -> Result<Self, ClientError> {
         let collections = configured_collections(&config)?;
         telemetry::init_tracing(&config.telemetry.log_filter);
-        let mock = if config.kafka.mock && config.kafka.bootstrap_servers.is_empty() {
+        // Mock mode never needs a broker (FEATURES.md section 8, and the seed's Quick Start
+        // sets bootstrapServers beside mock: true): the in-process cluster replaces any servers.
+        let mock = if config.kafka.mock {
+            if !config.kafka.bootstrap_servers.is_empty() {
+                info!(ignored = ?config.kafka.bootstrap_servers,
+                    "mock mode: using the in-process Kafka cluster, not bootstrapServers");
+            }
             let mock = MockKafka::start(1).map_err(ClientError::kafka)?;
             // The in-process cluster starts empty and has no admin API: create the topics the
             // client subscribes to, so mock mode needs no setup (sending auto-creates others).

@@ -224,7 +224,11 @@ pub fn options(topic: &str, group: &str) -> ClientOptions {
             // default) those records would be skipped by loop prevention.
             source_system: Some(format!("{group}-test-sender")),
             subscribed_topics: Some(vec![topic.to_owned()]),
-            mock: Some(true),
+            // The real broker, memory storage unless the run asks for another backend, no
+            // telemetry topic (suites that test telemetry turn it on).
+            mock: Some(false),
+            storage_backend: Some(StorageBackend::Memory),
+            telemetry_enabled: Some(false),
             probe_port: Some(ProbePort::Disabled),
             commit_interval_ms: Some(Duration::from_millis(100)),
             // The product default (1 s) is tight for the first sends of a fresh producer on a

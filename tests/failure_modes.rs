@@ -208,7 +208,11 @@ async fn a_failure_topic_that_refuses_records_holds_the_offset_until_it_takes_th
     assert_eq!(script.handled_keys(), ["ok"]);
     // Absence cannot be awaited: give the 100 ms commit interval ten turns to go wrong.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(kafka_read::committed(&group, &topic, 1), [0], "nothing past p");
+    assert_eq!(
+        kafka_read::committed(&group, &topic, 1),
+        [0],
+        "nothing past p"
+    );
     assert_eq!(
         script.attempts("p"),
         1,

@@ -337,3 +337,12 @@ pub async fn produce(client: &ProsodyClient, topic: &str, count: usize, keys: us
         failures.first()
     );
 }
+
+/// Polls `condition` until it holds (at most `within`): for state with no event to await.
+pub async fn until(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

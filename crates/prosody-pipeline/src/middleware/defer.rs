@@ -318,13 +318,15 @@ impl KeyWork {
 
 type CacheKey = (Topic, Partition, u64, Key);
 
-/// Where one event's key lives.
+/// Where one event's key lives, and its deferred work if the cache holds it (looked up under
+/// the same lock as the epoch: one lock per event on the common path).
 struct Place {
     topic: Topic,
     partition: Partition,
     key: Key,
     scope: PartitionScope,
     cache_key: CacheKey,
+    cached: Option<Arc<KeyWork>>,
 }
 
 /// The defer layer.
@@ -336,6 +338,8 @@ pub struct Defer {
     status: DeferStatus,
     give_up: Destination,
     cache: Mutex<Cache>,
+    /// The work of every key with nothing deferred.
+    nothing: Arc<KeyWork>,
     inner: Arc<dyn Service>,
 }
 
@@ -412,6 +416,7 @@ impl Layer for DeferLayer {
             loader: self.loader,
             status: self.status,
             give_up: self.give_up,
+            nothing: Arc::new(KeyWork::default()),
             inner,
         })
     }
@@ -450,29 +455,31 @@ impl Defer {
     fn place(&self, task: &Task) -> Place {
         let (topic, partition) = task.event.source();
         let key = task.event.key().clone();
-        let epoch = {
-            let mut cache = self.cache.lock();
-            match cache.epochs.get(&(topic.clone(), partition)) {
-                Some((token, epoch)) if !token.is_cancelled() => *epoch,
-                _ => {
-                    // First sight of the partition, or it was revoked since: a new epoch, so
-                    // nothing cached from an earlier ownership is trusted. What the old epoch
-                    // cached ages out through eviction.
-                    cache.next_epoch += 1;
-                    let epoch = cache.next_epoch;
-                    cache
-                        .epochs
-                        .insert((topic.clone(), partition), (task.cancel.clone(), epoch));
-                    epoch
-                }
+        let mut cache = self.cache.lock();
+        let epoch = match cache.epochs.get(&(topic.clone(), partition)) {
+            Some((token, epoch)) if !token.is_cancelled() => *epoch,
+            _ => {
+                // First sight of the partition, or it was revoked since: a new epoch, so
+                // nothing cached from an earlier ownership is trusted. What the old epoch
+                // cached ages out through eviction.
+                cache.next_epoch += 1;
+                let epoch = cache.next_epoch;
+                cache
+                    .epochs
+                    .insert((topic.clone(), partition), (task.cancel.clone(), epoch));
+                epoch
             }
         };
+        let cache_key = (topic.clone(), partition, epoch, key);
+        let cached = cache.work.get(&cache_key).cloned();
+        drop(cache);
         Place {
             scope: self.timers.scope(topic, partition),
-            cache_key: (topic.clone(), partition, epoch, key.clone()),
+            key: cache_key.3.clone(),
+            cache_key,
+            cached,
             topic: topic.clone(),
             partition,
-            key,
         }
     }
 
@@ -480,7 +487,7 @@ impl Defer {
     /// retry timer if it has none (a crash between storing work and its timer, or a new
     /// owner of the partition).
     async fn work(&self, place: &Place) -> Result<Arc<KeyWork>, StorageError> {
-        if let Some(work) = self.cache.lock().work.get(&place.cache_key) {
+        if let Some(work) = &place.cached {
             return Ok(work.clone());
         }
         let messages = self
@@ -509,17 +516,22 @@ impl Defer {
                 self.schedule_retry(place, 0, None).await?;
             }
         }
-        let work = Arc::new(work);
+        Ok(self.remember(place, work))
+    }
+
+    /// Caches `work` as the key's deferred work and returns it shared.
+    fn remember(&self, place: &Place, work: KeyWork) -> Arc<KeyWork> {
+        // Most keys have nothing deferred: they share one empty value instead of an allocation
+        // each.
+        let work = if work.is_empty() {
+            self.nothing.clone()
+        } else {
+            Arc::new(work)
+        };
         self.cache
             .lock()
             .insert(place.cache_key.clone(), work.clone());
-        Ok(work)
-    }
-
-    fn remember(&self, place: &Place, work: KeyWork) {
-        self.cache
-            .lock()
-            .insert(place.cache_key.clone(), Arc::new(work));
+        work
     }
 
     /// Schedules the key's one retry timer `delay(retries)` from now, strictly after `after`

@@ -1,7 +1,7 @@
 //! 128-bit keyed digests for in-process sets of records seen (dedup), and the hasher for maps
 //! keyed by them.
 //!
-//! A keyed 128-bit SipHash makes a digest whose collisions are negligible for the sizes a
+//! A keyed 128-bit `SipHash` makes a digest whose collisions are negligible for the sizes a
 //! process holds, so a set can keep 16 bytes per record instead of its strings. One pass of the
 //! 128-bit variant costs half of what two independently seeded 64-bit hashes did (the digest
 //! was a few percent of the consumer's CPU in the throughput bench). Keys are random per
@@ -12,7 +12,7 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 
-/// Digests values with a 128-bit SipHash keyed at construction.
+/// Digests values with a 128-bit `SipHash` keyed at construction.
 #[derive(Clone, Debug)]
 pub struct Digester {
     keys: (u64, u64),

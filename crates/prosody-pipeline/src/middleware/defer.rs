@@ -320,13 +320,23 @@ type CacheKey = (Topic, Partition, u64, Key);
 
 /// Where one event's key lives, and its deferred work if the cache holds it (looked up under
 /// the same lock as the epoch: one lock per event on the common path).
+/// The topic and key live in the cache key alone, and the storage scope is built only when
+/// storage is touched: the common path (a cached key with nothing deferred) clones nothing
+/// that every worker shares.
 struct Place {
-    topic: Topic,
     partition: Partition,
-    key: Key,
-    scope: PartitionScope,
     cache_key: CacheKey,
     cached: Option<Arc<KeyWork>>,
+}
+
+impl Place {
+    fn topic(&self) -> &Topic {
+        &self.cache_key.0
+    }
+
+    fn key(&self) -> &Key {
+        &self.cache_key.3
+    }
 }
 
 /// The defer layer.
@@ -474,13 +484,15 @@ impl Defer {
         let cached = cache.work.get(&cache_key).cloned();
         drop(cache);
         Place {
-            scope: self.timers.scope(topic, partition),
-            key: cache_key.3.clone(),
+            partition,
             cache_key,
             cached,
-            topic: topic.clone(),
-            partition,
         }
+    }
+
+    /// The storage scope of `place`'s partition.
+    fn scope(&self, place: &Place) -> PartitionScope {
+        self.timers.scope(place.topic(), place.partition)
     }
 
     /// The key's deferred work, from the cache or the store. Work read from the store gets a
@@ -492,9 +504,9 @@ impl Defer {
         }
         let messages = self
             .store
-            .deferred_messages(&place.scope, &place.key)
+            .deferred_messages(&self.scope(place), place.key())
             .await?;
-        let timers = self.store.deferred_timers(&place.scope, &place.key).await?;
+        let timers = self.store.deferred_timers(&self.scope(place), place.key()).await?;
         let work = KeyWork {
             messages: messages
                 .into_iter()
@@ -509,10 +521,10 @@ impl Defer {
             let scheduled = self
                 .timers
                 .store()
-                .scheduled(&place.scope, &place.key, TimerKind::DeferRetry)
+                .scheduled(&self.scope(place), place.key(), TimerKind::DeferRetry)
                 .await?;
             if scheduled.is_empty() {
-                debug!(key = %place.key, "deferred work without a retry timer: scheduling one");
+                debug!(key = %place.key(), "deferred work without a retry timer: scheduling one");
                 self.schedule_retry(place, 0, None).await?;
             }
         }
@@ -550,9 +562,9 @@ impl Defer {
         }
         self.timers
             .write_now(
-                &place.topic,
+                place.topic(),
                 place.partition,
-                &place.key,
+                place.key(),
                 &TimerWrite::ClearAndSchedule(TimerKind::DeferRetry, time),
             )
             .await?;
@@ -579,8 +591,8 @@ impl Defer {
                 }
                 self.store
                     .defer_message(
-                        &place.scope,
-                        &place.key,
+                        &self.scope(place),
+                        place.key(),
                         DeferredMessage {
                             offset,
                             retry_count: 0,
@@ -593,8 +605,8 @@ impl Defer {
                 let time = fired.timer.time;
                 self.store
                     .defer_timer(
-                        &place.scope,
-                        &place.key,
+                        &self.scope(place),
+                        place.key(),
                         DeferredTimer {
                             time,
                             retry_count: 0,
@@ -605,9 +617,9 @@ impl Defer {
                 // this event completes, and the store must not fire it again on restart.
                 self.timers
                     .write_now(
-                        &place.topic,
+                        place.topic(),
                         place.partition,
-                        &place.key,
+                        place.key(),
                         &TimerWrite::Unschedule(fired.kind, time),
                     )
                     .await?;
@@ -635,7 +647,7 @@ impl Defer {
             self.defer(&place, &work, &task.event)
                 .await
                 .map_err(|error| storage_failure(&error, task.attempt))?;
-            debug!(key = %place.key, offset = ?task.event.offset(), "key is deferred: queued behind");
+            debug!(key = %place.key(), offset = ?task.event.offset(), "key is deferred: queued behind");
             return Ok(Value::Null);
         }
         let verdict = self.inner.call(task).await;
@@ -660,12 +672,12 @@ impl Defer {
         }
         match self.defer(place, work, &task.event).await {
             Ok(()) => {
-                warn!(key = %place.key, offset = ?task.event.offset(), reason = %failure.reason,
+                warn!(key = %place.key(), offset = ?task.event.offset(), reason = %failure.reason,
                     retry_in = ?self.settings.delay(0), "transient failure: deferred");
                 Ok(Value::Null)
             }
             Err(error) => {
-                warn!(key = %place.key, %error, "cannot defer: retrying in place");
+                warn!(key = %place.key(), %error, "cannot defer: retrying in place");
                 Err(failure)
             }
         }
@@ -693,27 +705,27 @@ impl Defer {
 
     async fn drop_work(&self, place: &Place, work: &KeyWork) -> Result<(), StorageError> {
         self.store
-            .clear_deferred_messages(&place.scope, &place.key)
+            .clear_deferred_messages(&self.scope(place), place.key())
             .await?;
         self.store
-            .clear_deferred_timers(&place.scope, &place.key)
+            .clear_deferred_timers(&self.scope(place), place.key())
             .await?;
         self.timers
             .write_now(
-                &place.topic,
+                place.topic(),
                 place.partition,
-                &place.key,
+                place.key(),
                 &TimerWrite::Clear(TimerKind::DeferRetry),
             )
             .await?;
         for offset in work.messages.keys() {
-            self.loader.forget(&place.topic, place.partition, *offset);
+            self.loader.forget(place.topic(), place.partition, *offset);
         }
         let dropped = work.messages.len() + work.timers.len();
         for _ in 0..dropped {
             self.status.count(|inner| &inner.dropped);
         }
-        info!(key = %place.key, messages = work.messages.len(), timers = work.timers.len(),
+        info!(key = %place.key(), messages = work.messages.len(), timers = work.timers.len(),
             "key excised: its deferred work is dropped");
         self.remember(place, KeyWork::default());
         Ok(())
@@ -747,7 +759,7 @@ impl Defer {
                             return Err(cancelled);
                         }
                     } else {
-                        error!(key = %place.key, ?head, reason = %failure.reason,
+                        error!(key = %place.key(), ?head, reason = %failure.reason,
                             "deferred work failed permanently: dropped");
                     }
                     self.status.count(|inner| &inner.dropped);
@@ -779,7 +791,7 @@ impl Defer {
                     self.remember(&place, work);
                     return match scheduled {
                         Ok(time) => {
-                            warn!(key = %place.key, ?head, retries, reason = %failure.reason,
+                            warn!(key = %place.key(), ?head, retries, reason = %failure.reason,
                                 retry_at = %time, "deferred work failed again: retrying later");
                             Ok(Value::Null)
                         }
@@ -796,9 +808,9 @@ impl Defer {
         self.remember(&place, work);
         self.timers
             .write_now(
-                &place.topic,
+                place.topic(),
                 place.partition,
-                &place.key,
+                place.key(),
                 &TimerWrite::Unschedule(TimerKind::DeferRetry, fired.timer.time),
             )
             .await
@@ -812,7 +824,7 @@ impl Defer {
             Head::Message(offset, retries) => {
                 match self
                     .loader
-                    .load(&place.topic, place.partition, offset)
+                    .load(place.topic(), place.partition, offset)
                     .await
                 {
                     Ok(event) => (event, retries),
@@ -835,11 +847,11 @@ impl Defer {
             }
             Head::Timer(time, retries) => (
                 Event::Timer(FiredTimer {
-                    topic: place.topic.clone(),
+                    topic: place.topic().clone(),
                     partition: place.partition,
                     kind: TimerKind::Application,
                     timer: Timer {
-                        key: place.key.clone(),
+                        key: place.key().clone(),
                         time,
                     },
                 }),
@@ -871,14 +883,14 @@ impl Defer {
         match head {
             Head::Message(offset, _) => {
                 self.store
-                    .remove_deferred_message(&place.scope, &place.key, offset)
+                    .remove_deferred_message(&self.scope(place), place.key(), offset)
                     .await?;
-                self.loader.forget(&place.topic, place.partition, offset);
+                self.loader.forget(place.topic(), place.partition, offset);
                 work.messages.remove(&offset);
             }
             Head::Timer(time, _) => {
                 self.store
-                    .remove_deferred_timer(&place.scope, &place.key, time)
+                    .remove_deferred_timer(&self.scope(place), place.key(), time)
                     .await?;
                 work.timers.remove(&time);
             }
@@ -897,8 +909,8 @@ impl Defer {
             Head::Message(offset, _) => {
                 self.store
                     .defer_message(
-                        &place.scope,
-                        &place.key,
+                        &self.scope(place),
+                        place.key(),
                         DeferredMessage {
                             offset,
                             retry_count: retries,
@@ -910,8 +922,8 @@ impl Defer {
             Head::Timer(time, _) => {
                 self.store
                     .defer_timer(
-                        &place.scope,
-                        &place.key,
+                        &self.scope(place),
+                        place.key(),
                         DeferredTimer {
                             time,
                             retry_count: retries,

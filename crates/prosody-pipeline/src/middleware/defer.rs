@@ -40,7 +40,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
 use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
@@ -340,7 +339,7 @@ impl Place {
 }
 
 /// The defer layer.
-pub struct Defer {
+pub struct Defer<S> {
     settings: DeferSettings,
     store: Arc<dyn DeferStore>,
     timers: Timers,
@@ -350,7 +349,7 @@ pub struct Defer {
     cache: Mutex<Cache>,
     /// The work of every key with nothing deferred.
     nothing: Arc<KeyWork>,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// The cache of deferred work and its epochs, under one lock: a lookup costs one lock, where a
@@ -412,8 +411,10 @@ pub struct DeferLayer {
 }
 
 impl Layer for DeferLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(Defer {
+    type Wrapped<S: Service> = Defer<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Defer<S> {
+        Defer {
             cache: Mutex::new(Cache {
                 capacity: usize::try_from(self.settings.cache_size)
                     .unwrap_or(usize::MAX)
@@ -428,7 +429,7 @@ impl Layer for DeferLayer {
             give_up: self.give_up,
             nothing: Arc::new(KeyWork::default()),
             inner,
-        })
+        }
     }
 }
 
@@ -447,8 +448,7 @@ fn storage_failure(error: &StorageError, attempt: u32) -> Failure {
     )
 }
 
-#[async_trait]
-impl Service for Defer {
+impl<S: Service> Service for Defer<S> {
     async fn call(&self, task: &Task) -> Verdict {
         match &*task.event {
             Event::Timer(fired) if fired.kind == TimerKind::DeferRetry => {
@@ -461,7 +461,7 @@ impl Service for Defer {
     }
 }
 
-impl Defer {
+impl<S: Service> Defer<S> {
     fn place(&self, task: &Task) -> Place {
         let (topic, partition) = task.event.source();
         let key = task.event.key().clone();
@@ -506,7 +506,10 @@ impl Defer {
             .store
             .deferred_messages(&self.scope(place), place.key())
             .await?;
-        let timers = self.store.deferred_timers(&self.scope(place), place.key()).await?;
+        let timers = self
+            .store
+            .deferred_timers(&self.scope(place), place.key())
+            .await?;
         let work = KeyWork {
             messages: messages
                 .into_iter()
@@ -943,6 +946,7 @@ mod tests {
     use crate::kafka::loader::LoadError;
     use crate::middleware::stack::testing::{excise, message, task};
     use crate::timers::TimerSettings;
+    use async_trait::async_trait;
     use prosody_api::{SlabSize, SystemClock};
     use serde_json::json;
     use storage_memory::{MemoryDeferStore, MemoryTimerStore};
@@ -954,7 +958,6 @@ mod tests {
         seen: Mutex<Vec<String>>,
     }
 
-    #[async_trait]
     impl Service for Inner {
         async fn call(&self, task: &Task) -> Verdict {
             let what = match &*task.event {
@@ -989,7 +992,7 @@ mod tests {
     }
 
     struct Fixture {
-        layer: Arc<dyn Service>,
+        layer: Defer<Arc<Inner>>,
         inner: Arc<Inner>,
         store: MemoryDeferStore,
         timers: Timers,

@@ -7,9 +7,6 @@
 //! from, why it failed and after how many attempts, in the headers named by the constants
 //! below. A record rejected by the decoder gets attempt count 0 (no handler ever saw it).
 
-use std::sync::Arc;
-
-use async_trait::async_trait;
 use prosody_api::ClassifyError;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -50,10 +47,10 @@ pub enum Destination {
 }
 
 /// Routes what finally failed to its [`Destination`].
-pub struct FailurePolicy {
+pub struct FailurePolicy<S> {
     destination: Destination,
     timers: Option<Timers>,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`FailurePolicy`].
@@ -65,17 +62,18 @@ pub struct FailurePolicyLayer {
 }
 
 impl Layer for FailurePolicyLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(FailurePolicy {
+    type Wrapped<S: Service> = FailurePolicy<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> FailurePolicy<S> {
+        FailurePolicy {
             destination: self.destination,
             timers: self.timers,
             inner,
-        })
+        }
     }
 }
 
-#[async_trait]
-impl Service for FailurePolicy {
+impl<S: Service> Service for FailurePolicy<S> {
     async fn call(&self, task: &Task) -> Verdict {
         let failure = match &*task.event {
             Event::Rejected(rejected) => {
@@ -90,7 +88,7 @@ impl Service for FailurePolicy {
     }
 }
 
-impl FailurePolicy {
+impl<S: Service> FailurePolicy<S> {
     async fn give_up(
         &self,
         event: &Event,

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody_api::{Key, Topic};
 use tokio::time::Instant;
@@ -79,7 +78,7 @@ impl MonopolizationStatus {
 }
 
 /// Rejects keys over their share of handler time.
-pub struct Monopolization {
+pub struct Monopolization<S> {
     settings: MonopolizationSettings,
     /// Bucket numbers count from here.
     origin: Instant,
@@ -89,7 +88,7 @@ pub struct Monopolization {
     /// to every event for nothing.
     usage: Mutex<KeyMap<(Topic, Key), Usage>>,
     status: MonopolizationStatus,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`Monopolization`].
@@ -101,10 +100,12 @@ pub struct MonopolizationLayer {
 }
 
 impl Layer for MonopolizationLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+    type Wrapped<S: Service> = Monopolization<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Monopolization<S> {
         let settings = self.settings;
         let window = settings.window.max(Duration::from_millis(BUCKETS.into()));
-        Arc::new(Monopolization {
+        Monopolization {
             origin: Instant::now(),
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
@@ -112,12 +113,11 @@ impl Layer for MonopolizationLayer {
             usage: Mutex::new(KeyMap::default()),
             status: self.status,
             inner,
-        })
+        }
     }
 }
 
-#[async_trait]
-impl Service for Monopolization {
+impl<S: Service> Service for Monopolization<S> {
     async fn call(&self, task: &Task) -> Verdict {
         if matches!(*task.event, Event::Rejected(_)) {
             return self.inner.call(task).await;
@@ -154,7 +154,7 @@ impl Service for Monopolization {
     }
 }
 
-impl Monopolization {
+impl<S: Service> Monopolization<S> {
     fn bucket(&self, at: Instant) -> u64 {
         let width = nanos(self.width).max(1);
         nanos(at.saturating_duration_since(self.origin)) / width
@@ -193,7 +193,6 @@ mod tests {
 
     struct Sleeping(Duration);
 
-    #[async_trait]
     impl Service for Sleeping {
         async fn call(&self, _: &Task) -> Verdict {
             tokio::time::sleep(self.0).await;

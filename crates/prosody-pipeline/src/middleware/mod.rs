@@ -184,12 +184,6 @@ impl<S: Service> DynService for S {
     }
 }
 
-impl Service for Arc<dyn DynService> {
-    async fn call(&self, task: &Task) -> Verdict {
-        self.call_boxed(task).await
-    }
-}
-
 impl<S: Service> Service for Arc<S> {
     fn call(&self, task: &Task) -> impl Future<Output = Verdict> + Send {
         (**self).call(task)

@@ -201,7 +201,8 @@ impl Dispatch for StackDispatch {
         };
         let key = task.event.key().clone();
         let offset = task.event.offset();
-        match self.service.call_boxed(&task).await {
+        // Through the trait object: the `Arc` is a service of its own.
+        match (*self.service).call_boxed(&task).await {
             Ok(_) => Outcome::Completed,
             Err(failure) if failure.is_cancelled() => Outcome::Abandoned,
             Err(failure) => {

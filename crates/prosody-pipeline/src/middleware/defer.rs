@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
+use prosody_api::digest::{DigestMap, Digester};
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
 use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
 use serde_json::Value;
@@ -315,26 +316,31 @@ impl KeyWork {
     }
 }
 
-type CacheKey = (Topic, Partition, u64, Key);
+/// The cache's notion of a key: a 128-bit digest of (topic, partition, epoch, key). A digest
+/// rather than the strings: no clones of the shared topic and key per event and no string
+/// comparisons on lookup; a collision (which would mix two keys' deferred work) is vanishingly
+/// unlikely, the dedup cache's argument.
+type CacheKey = u128;
 
 /// Where one event's key lives, and its deferred work if the cache holds it (looked up under
-/// the same lock as the epoch: one lock per event on the common path).
-/// The topic and key live in the cache key alone, and the storage scope is built only when
-/// storage is touched: the common path (a cached key with nothing deferred) clones nothing
-/// that every worker shares.
-struct Place {
+/// the same lock as the epoch: one lock per event on the common path). The storage scope is
+/// built only when storage is touched, so the common path (a cached key with nothing deferred)
+/// clones nothing that every worker shares.
+struct Place<'t> {
+    topic: &'t Topic,
     partition: Partition,
+    key: &'t Key,
     cache_key: CacheKey,
     cached: Option<Arc<KeyWork>>,
 }
 
-impl Place {
-    fn topic(&self) -> &Topic {
-        &self.cache_key.0
+impl<'t> Place<'t> {
+    fn topic(&self) -> &'t Topic {
+        self.topic
     }
 
-    fn key(&self) -> &Key {
-        &self.cache_key.3
+    fn key(&self) -> &'t Key {
+        self.key
     }
 }
 
@@ -359,7 +365,8 @@ struct Cache {
     capacity: usize,
     epochs: KeyMap<(Topic, Partition), (CancellationToken, u64)>,
     next_epoch: u64,
-    work: KeyMap<CacheKey, Arc<KeyWork>>,
+    work: DigestMap<Arc<KeyWork>>,
+    digester: Digester,
 }
 
 impl Cache {
@@ -374,7 +381,7 @@ impl Cache {
                 .work
                 .iter()
                 .filter(|(_, work)| work.is_empty())
-                .map(|(key, _)| key.clone())
+                .map(|(key, _)| *key)
                 .take(excess)
                 .collect();
             if evicted.len() < excess {
@@ -383,7 +390,7 @@ impl Cache {
                     self.work
                         .iter()
                         .filter(|(_, work)| !work.is_empty())
-                        .map(|(key, _)| key.clone())
+                        .map(|(key, _)| *key)
                         .take(more),
                 );
             }
@@ -462,9 +469,9 @@ impl<S: Service> Service for Defer<S> {
 }
 
 impl<S: Service> Defer<S> {
-    fn place(&self, task: &Task) -> Place {
+    fn place<'t>(&self, task: &'t Task) -> Place<'t> {
         let (topic, partition) = task.event.source();
-        let key = task.event.key().clone();
+        let key = task.event.key();
         let mut cache = self.cache.lock();
         let epoch = match cache.epochs.get(&(topic.clone(), partition)) {
             Some((token, epoch)) if !token.is_cancelled() => *epoch,
@@ -480,25 +487,29 @@ impl<S: Service> Defer<S> {
                 epoch
             }
         };
-        let cache_key = (topic.clone(), partition, epoch, key);
+        let cache_key = cache
+            .digester
+            .digest((topic.as_str(), partition.0, epoch, key.as_str()));
         let cached = cache.work.get(&cache_key).cloned();
         drop(cache);
         Place {
+            topic,
             partition,
+            key,
             cache_key,
             cached,
         }
     }
 
     /// The storage scope of `place`'s partition.
-    fn scope(&self, place: &Place) -> PartitionScope {
+    fn scope(&self, place: &Place<'_>) -> PartitionScope {
         self.timers.scope(place.topic(), place.partition)
     }
 
     /// The key's deferred work, from the cache or the store. Work read from the store gets a
     /// retry timer if it has none (a crash between storing work and its timer, or a new
     /// owner of the partition).
-    async fn work(&self, place: &Place) -> Result<Arc<KeyWork>, StorageError> {
+    async fn work(&self, place: &Place<'_>) -> Result<Arc<KeyWork>, StorageError> {
         if let Some(work) = &place.cached {
             return Ok(work.clone());
         }
@@ -535,7 +546,7 @@ impl<S: Service> Defer<S> {
     }
 
     /// Caches `work` as the key's deferred work and returns it shared.
-    fn remember(&self, place: &Place, work: KeyWork) -> Arc<KeyWork> {
+    fn remember(&self, place: &Place<'_>, work: KeyWork) -> Arc<KeyWork> {
         // Most keys have nothing deferred: they share one empty value instead of an allocation
         // each.
         let work = if work.is_empty() {
@@ -543,9 +554,7 @@ impl<S: Service> Defer<S> {
         } else {
             Arc::new(work)
         };
-        self.cache
-            .lock()
-            .insert(place.cache_key.clone(), work.clone());
+        self.cache.lock().insert(place.cache_key, work.clone());
         work
     }
 
@@ -553,7 +562,7 @@ impl<S: Service> Defer<S> {
     /// (the timer being handled, which must not be rescheduled onto itself).
     async fn schedule_retry(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         retries: u32,
         after: Option<TimerTime>,
     ) -> Result<TimerTime, StorageError> {
@@ -578,7 +587,7 @@ impl<S: Service> Defer<S> {
     /// timer when it is the first.
     async fn defer(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         work: &KeyWork,
         event: &Event,
     ) -> Result<(), StorageError> {
@@ -661,7 +670,7 @@ impl<S: Service> Defer<S> {
     /// Defers a transient failure when the gate allows; anything else passes up.
     async fn defer_failure(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         work: &KeyWork,
         task: &Task,
         verdict: Verdict,
@@ -706,7 +715,7 @@ impl<S: Service> Defer<S> {
         self.defer_failure(&place, &work, task, verdict).await
     }
 
-    async fn drop_work(&self, place: &Place, work: &KeyWork) -> Result<(), StorageError> {
+    async fn drop_work(&self, place: &Place<'_>, work: &KeyWork) -> Result<(), StorageError> {
         self.store
             .clear_deferred_messages(&self.scope(place), place.key())
             .await?;
@@ -822,7 +831,12 @@ impl<S: Service> Defer<S> {
     }
 
     /// One retry of the head of the key's deferred work through the layers below.
-    async fn retry_head(&self, task: &Task, place: &Place, head: Head) -> Result<(), HeadFailure> {
+    async fn retry_head(
+        &self,
+        task: &Task,
+        place: &Place<'_>,
+        head: Head,
+    ) -> Result<(), HeadFailure> {
         let (event, retries) = match head {
             Head::Message(offset, retries) => {
                 match self
@@ -879,7 +893,7 @@ impl<S: Service> Defer<S> {
 
     async fn remove_head(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         work: &mut KeyWork,
         head: Head,
     ) -> Result<(), StorageError> {
@@ -903,7 +917,7 @@ impl<S: Service> Defer<S> {
 
     async fn bump(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         work: &mut KeyWork,
         head: Head,
         retries: u32,

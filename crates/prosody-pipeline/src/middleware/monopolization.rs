@@ -14,13 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prosody_api::{Key, Topic};
+use prosody_api::digest::{DigestMap, Digester};
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::Event;
-use crate::hashing::KeyMap;
 
 /// Buckets a key's window is divided in.
 const BUCKETS: u32 = 10;
@@ -85,8 +84,12 @@ pub struct Monopolization<S> {
     width: Duration,
     allowed: u64,
     /// One lock for lookup and update: a concurrent cache would add its own synchronisation
-    /// to every event for nothing.
-    usage: Mutex<KeyMap<(Topic, Key), Usage>>,
+    /// to every event for nothing. Keyed by a digest of (topic, key) rather than the pair: no
+    /// clones of the shared topic and key per event and no string comparisons on lookup, and
+    /// a 128-bit keyed digest makes two keys sharing an account vanishingly unlikely (the dedup
+    /// cache's argument).
+    usage: Mutex<DigestMap<Usage>>,
+    digester: Digester,
     status: MonopolizationStatus,
     inner: S,
 }
@@ -110,7 +113,8 @@ impl Layer for MonopolizationLayer {
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
             settings: MonopolizationSettings { window, ..settings },
-            usage: Mutex::new(KeyMap::default()),
+            usage: Mutex::new(DigestMap::default()),
+            digester: Digester::default(),
             status: self.status,
             inner,
         }
@@ -123,7 +127,9 @@ impl<S: Service> Service for Monopolization<S> {
             return self.inner.call(task).await;
         }
         let (topic, _) = task.event.source();
-        let index = (topic.clone(), task.event.key().clone());
+        let index = self
+            .digester
+            .digest((topic.as_str(), task.event.key().as_str()));
         // One clock read serves the window check and the start of the run.
         let started = Instant::now();
         let now = self.bucket(started);
@@ -160,7 +166,7 @@ impl<S: Service> Monopolization<S> {
         nanos(at.saturating_duration_since(self.origin)) / width
     }
 
-    fn charge(&self, index: (Topic, Key), now: u64, busy: u64) {
+    fn charge(&self, index: u128, now: u64, busy: u64) {
         let capacity = usize::try_from(self.settings.cache_size)
             .unwrap_or(usize::MAX)
             .max(1);
@@ -172,7 +178,7 @@ impl<S: Service> Monopolization<S> {
             usage.retain(|_, key| key.total(now) > 0);
             if usage.len() > capacity {
                 let excess = usage.len() - (capacity - capacity / 4);
-                let evicted: Vec<(Topic, Key)> = usage.keys().take(excess).cloned().collect();
+                let evicted: Vec<u128> = usage.keys().take(excess).copied().collect();
                 for key in evicted {
                     usage.remove(&key);
                 }

@@ -132,8 +132,15 @@ impl ConsumerContext for RebalanceContext {
                 let partitions = partitions_of(list);
                 if self.requests.get() == Request::Abandon {
                     // Closing an abandoned consumer: the runtime may be gone, so no draining.
-                    info!(?partitions, "partitions revoked: abandoned, committing what is done");
-                    commit(consumer, &done_offsets(&self.engine, &partitions), CommitMode::Sync);
+                    info!(
+                        ?partitions,
+                        "partitions revoked: abandoned, committing what is done"
+                    );
+                    commit(
+                        consumer,
+                        &done_offsets(&self.engine, &partitions),
+                        CommitMode::Sync,
+                    );
                 } else {
                     info!(?partitions, "partitions revoked: draining");
                     let offsets = self.runtime.block_on(self.engine.revoke(&partitions));

@@ -171,8 +171,9 @@ pub trait Service: Send + Sync + 'static {
     fn call(&self, task: &Task) -> impl Future<Output = Verdict> + Send;
 }
 
-/// A [`Service`] behind a pointer: its future boxed. What a stack is once composed, and what
-/// takes an arbitrary service at run time.
+/// A [`Service`] as a trait object, its future boxed: what a composed stack is to the engine
+/// ([`StackDispatch`]). Call it through the object (`(*service).call_boxed(task)`): an `Arc`
+/// of a service is a service of its own, whose `call_boxed` would box a second time.
 pub trait DynService: Send + Sync + 'static {
     /// [`Service::call`], boxed.
     fn call_boxed<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Verdict>;

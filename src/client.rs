@@ -382,7 +382,7 @@ impl ProsodyClient {
             .handler_service(handler, &timers, &backend, &loader)
             .await?;
         let sweep_timers = timers.clone();
-        let dispatch = Arc::new(StackDispatch::new(stack, Arc::new(service)));
+        let dispatch = Arc::new(StackDispatch::new(stack, service));
         let flow = Arc::new(QueueFlowControl::default());
         let engine = Engine::with_admission(
             EngineLimits {
@@ -651,26 +651,26 @@ impl ProsodyClient {
         };
         let status = DeferStatus::new(&settings);
         let defer_status = Some(status.clone());
-        stack.defer = Some(Box::new(DeferLayer {
+        stack.defer = Some(DeferLayer {
             settings,
             store: backend.defer.clone(),
             timers: timers.clone(),
             loader: self.message_loader(loader)?,
             status,
             give_up: stack.failures.clone(),
-        }));
+        });
         let mut monopolization_status = None;
         if config.monopolization.enabled {
             let status = MonopolizationStatus::default();
             monopolization_status = Some(status.clone());
-            stack.monopolization = Some(Box::new(MonopolizationLayer {
+            stack.monopolization = Some(MonopolizationLayer {
                 settings: MonopolizationSettings {
                     threshold: config.monopolization.threshold,
                     window: config.monopolization.window,
                     cache_size: config.monopolization.cache_size.get() as u64,
                 },
                 status,
-            }));
+            });
         }
         *self.inner.quality.lock() = Some((defer_status, monopolization_status));
         Ok(())

@@ -1,28 +1,41 @@
 //! 128-bit keyed digests for in-process sets of records seen (dedup), and the hasher for maps
 //! keyed by them.
 //!
-//! Two independently seeded hashes make a digest whose collisions are negligible for the sizes
-//! a process holds, so a set can keep 16 bytes per record instead of its strings. Seeds are per
+//! A keyed 128-bit `SipHash` makes a digest whose collisions are negligible for the sizes a
+//! process holds, so a set can keep 16 bytes per record instead of its strings. One pass of the
+//! 128-bit variant costs half of what two independently seeded 64-bit hashes did (the digest
+//! was a few percent of the consumer's CPU in the throughput bench). Keys are random per
 //! process: digests are never stored or sent anywhere.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 
-/// Digests values with two hashers seeded at construction.
-#[derive(Clone, Debug, Default)]
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+/// Digests values with a 128-bit `SipHash` keyed at construction.
+#[derive(Clone, Debug)]
 pub struct Digester {
-    hashers: [RandomState; 2],
+    keys: (u64, u64),
+}
+
+impl Default for Digester {
+    fn default() -> Self {
+        // The standard library's per-process random keys, drawn through its hasher: no
+        // randomness source of our own to get wrong.
+        let state = RandomState::new();
+        Self {
+            keys: (state.hash_one(0_u8), state.hash_one(1_u8)),
+        }
+    }
 }
 
 impl Digester {
     /// The 128-bit digest of `value`.
     #[must_use]
     pub fn digest(&self, value: impl Hash) -> u128 {
-        let [high, low] = self
-            .hashers
-            .each_ref()
-            .map(|hasher| hasher.hash_one(&value));
-        (u128::from(high) << 64) | u128::from(low)
+        let mut hasher = SipHasher13::new_with_keys(self.keys.0, self.keys.1);
+        value.hash(&mut hasher);
+        hasher.finish128().as_u128()
     }
 }
 

@@ -27,7 +27,7 @@ use prosody_pipeline::consumer::{Engine, EngineLimits, FlowControl, TopicPartiti
 use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::middleware::failure_policy::{Destination, FailurePolicyLayer};
 use prosody_pipeline::middleware::retry::{RetryLayer, RetryPolicy};
-use prosody_pipeline::middleware::{Layer, Service, StackDispatch};
+use prosody_pipeline::middleware::{Layer, StackDispatch};
 use prosody_pipeline::probes::HealthRegistry;
 use prosody_pipeline::timers::{TimerSettings, Timers};
 use prosody_pipeline::{Event, consumer::Load};
@@ -289,8 +289,7 @@ fn rig_over(timers_store: Arc<dyn TimerStore>, store: MemoryTimerStore, clock: M
     );
     // Pipeline mode's failure handling without the other layers: transient failures retried
     // until they succeed, permanent ones logged and given up (which removes a fired timer).
-    let handle: Arc<dyn Service> =
-        Arc::new(HandlerService::new(handler.clone()).with_timers(timers.clone()));
+    let handle = HandlerService::new(handler.clone()).with_timers(timers.clone());
     let retried = Box::new(RetryLayer {
         policy: RetryPolicy {
             base: Duration::from_millis(1),
@@ -299,13 +298,13 @@ fn rig_over(timers_store: Arc<dyn TimerStore>, store: MemoryTimerStore, clock: M
         max_retries: None,
     })
     .wrap(handle);
-    let dispatch = StackDispatch::from_service(
+    let dispatch = StackDispatch::from_service(Arc::new(
         Box::new(FailurePolicyLayer {
             destination: Destination::Log,
             timers: Some(timers.clone()),
         })
         .wrap(retried),
-    );
+    ));
     let engine = Engine::with_timers(
         EngineLimits {
             max_concurrency: 8,

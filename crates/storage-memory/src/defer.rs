@@ -8,10 +8,14 @@ use parking_lot::Mutex;
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
 use prosody_api::{Key, Offset, StorageError, TimerTime};
 
+/// Seeded foldhash rather than `SipHash`: the pipeline asks for every key it has not cached,
+/// and hashing the scope's strings with `SipHash` showed in the consumer's profile.
+type Keys = HashMap<(PartitionScope, Key), Deferred, foldhash::fast::RandomState>;
+
 /// Deferred messages and timers in memory.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryDeferStore {
-    keys: Arc<Mutex<HashMap<(PartitionScope, Key), Deferred>>>,
+    keys: Arc<Mutex<Keys>>,
 }
 
 #[derive(Debug, Default)]

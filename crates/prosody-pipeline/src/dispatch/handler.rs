@@ -8,7 +8,6 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use futures::FutureExt;
 use prosody_api::{ClassifyError, EventHandler, TimerKind};
 use serde_json::Value;
@@ -113,7 +112,6 @@ impl<H: EventHandler> HandlerService<H> {
     }
 }
 
-#[async_trait]
 impl<H: EventHandler> Service for HandlerService<H> {
     async fn call(&self, task: &Task) -> Verdict {
         // A commit of this key that this process left half done (state landed, timers not)
@@ -162,6 +160,7 @@ impl<H: EventHandler> Service for HandlerService<H> {
 mod tests {
     use super::*;
     use crate::middleware::stack::testing::{message, task};
+    use async_trait::async_trait;
     use prosody_api::{EventContext, ExciseMessage, HandlerError, Message, Timer};
     use serde_json::json;
 

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use serde_json::Value;
 use tracing::trace;
 
@@ -12,34 +11,36 @@ use super::{Layer, Service, Task, Verdict};
 use crate::event::Event;
 
 /// Skips messages whose `type` no prefix allows.
-pub struct AllowedEvents {
+pub struct AllowedEvents<S> {
     prefixes: Arc<[String]>,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
-/// Builds [`AllowedEvents`]; with no prefixes it adds no layer at all.
+/// Builds [`AllowedEvents`]; with no prefixes it allows everything.
 pub struct AllowedEventsLayer {
     /// The allowed `type` prefixes.
     pub prefixes: Vec<String>,
 }
 
 impl Layer for AllowedEventsLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        if self.prefixes.is_empty() {
-            return inner;
-        }
-        Arc::new(AllowedEvents {
+    type Wrapped<S: Service> = AllowedEvents<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> AllowedEvents<S> {
+        AllowedEvents {
             prefixes: self.prefixes.into(),
             inner,
-        })
+        }
     }
 }
 
-impl AllowedEvents {
+impl<S: Service> AllowedEvents<S> {
     fn allows(&self, event: &Event) -> bool {
         let Event::Message(message) = event else {
             return true;
         };
+        if self.prefixes.is_empty() {
+            return true;
+        }
         match message.payload.get("type").and_then(Value::as_str) {
             Some(kind) => self
                 .prefixes
@@ -50,8 +51,7 @@ impl AllowedEvents {
     }
 }
 
-#[async_trait]
-impl Service for AllowedEvents {
+impl<S: Service> Service for AllowedEvents<S> {
     async fn call(&self, task: &Task) -> Verdict {
         if !self.allows(&task.event) {
             trace!(key = %task.event.key(), offset = ?task.event.offset(),
@@ -98,10 +98,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn no_prefixes_adds_no_layer() {
+    async fn no_prefixes_allow_everything() {
         let calls = Calls::succeeding();
-        let inner: Arc<dyn Service> = calls.clone();
-        let wrapped = Box::new(AllowedEventsLayer { prefixes: vec![] }).wrap(inner.clone());
-        assert!(Arc::ptr_eq(&wrapped, &inner));
+        let wrapped = Box::new(AllowedEventsLayer { prefixes: vec![] }).wrap(calls.clone());
+        let typed = json!({ "type": "anything" });
+        for payload in [typed, json!({})] {
+            assert_eq!(
+                wrapped.call(&task(message("k", payload))).await,
+                Ok(Value::Null)
+            );
+        }
+        assert_eq!(calls.count(), 2);
     }
 }

@@ -16,7 +16,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody_api::ConsumerGroup;
 use prosody_api::digest::{DigestMap, Digester};
@@ -34,14 +33,14 @@ use crate::event::Event;
 type CacheKey = u128;
 
 /// Skips messages already handled.
-pub struct Dedup {
+pub struct Dedup<S> {
     store: Arc<dyn DedupStore>,
     cache: RecentSet,
     digester: Digester,
     group: ConsumerGroup,
     version: String,
     ttl: Ttl,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`Dedup`].
@@ -59,13 +58,15 @@ pub struct DedupLayer {
 }
 
 impl Layer for DedupLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+    type Wrapped<S: Service> = Dedup<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Dedup<S> {
         // A remembered answer never outlives the durable record it stands for.
         let cache = RecentSet::new(
             usize::try_from(self.cache_size).unwrap_or(usize::MAX),
             self.ttl.as_duration().max(Duration::from_secs(1)),
         );
-        Arc::new(Dedup {
+        Dedup {
             store: self.store,
             cache,
             digester: Digester::default(),
@@ -73,7 +74,7 @@ impl Layer for DedupLayer {
             version: self.version,
             ttl: self.ttl,
             inner,
-        })
+        }
     }
 }
 
@@ -140,8 +141,7 @@ fn payload_id(event: &Event) -> Option<(&prosody_api::Message, String)> {
     Some((message, id))
 }
 
-#[async_trait]
-impl Service for Dedup {
+impl<S: Service> Service for Dedup<S> {
     async fn call(&self, task: &Task) -> Verdict {
         let Some((message, id)) = payload_id(&task.event) else {
             return self.inner.call(task).await;
@@ -187,6 +187,7 @@ mod tests {
     use super::*;
     use crate::middleware::FailureKind;
     use crate::middleware::stack::testing::{Calls, message, task};
+    use async_trait::async_trait;
     use parking_lot::Mutex;
     use prosody_api::StorageError;
     use serde_json::json;
@@ -223,7 +224,7 @@ mod tests {
         }
     }
 
-    fn layer(store: &MemoryDedupStore, version: &str, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+    fn layer<S: Service>(store: &MemoryDedupStore, version: &str, inner: S) -> Dedup<S> {
         Box::new(DedupLayer {
             store: Arc::new(store.clone()),
             cache_size: 16,

@@ -40,8 +40,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use parking_lot::Mutex;
+use prosody_api::digest::{DigestMap, Digester};
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
 use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
 use serde_json::Value;
@@ -335,19 +335,36 @@ impl KeyWork {
     }
 }
 
-type CacheKey = (Topic, Partition, u64, Key);
+/// The cache's notion of a key: a 128-bit digest of (topic, partition, epoch, key). A digest
+/// rather than the strings: no clones of the shared topic and key per event and no string
+/// comparisons on lookup; a collision (which would mix two keys' deferred work) is vanishingly
+/// unlikely, the dedup cache's argument.
+type CacheKey = u128;
 
-/// Where one event's key lives.
-struct Place {
-    topic: Topic,
+/// Where one event's key lives, and its deferred work if the cache holds it (looked up under
+/// the same lock as the epoch: one lock per event on the common path). The storage scope is
+/// built only when storage is touched, so the common path (a cached key with nothing deferred)
+/// clones nothing that every worker shares.
+struct Place<'t> {
+    topic: &'t Topic,
     partition: Partition,
-    key: Key,
-    scope: PartitionScope,
+    key: &'t Key,
     cache_key: CacheKey,
+    cached: Option<Arc<KeyWork>>,
+}
+
+impl<'t> Place<'t> {
+    fn topic(&self) -> &'t Topic {
+        self.topic
+    }
+
+    fn key(&self) -> &'t Key {
+        self.key
+    }
 }
 
 /// The defer layer.
-pub struct Defer {
+pub struct Defer<S> {
     settings: DeferSettings,
     store: Arc<dyn DeferStore>,
     timers: Timers,
@@ -355,7 +372,9 @@ pub struct Defer {
     status: DeferStatus,
     give_up: Destination,
     cache: Mutex<Cache>,
-    inner: Arc<dyn Service>,
+    /// The work of every key with nothing deferred.
+    nothing: Arc<KeyWork>,
+    inner: S,
 }
 
 /// The cache of deferred work and its epochs, under one lock: a lookup costs one lock, where a
@@ -365,7 +384,8 @@ struct Cache {
     capacity: usize,
     epochs: KeyMap<(Topic, Partition), (CancellationToken, u64)>,
     next_epoch: u64,
-    work: KeyMap<CacheKey, Arc<KeyWork>>,
+    work: DigestMap<Arc<KeyWork>>,
+    digester: Digester,
 }
 
 impl Cache {
@@ -380,7 +400,7 @@ impl Cache {
                 .work
                 .iter()
                 .filter(|(_, work)| work.is_empty())
-                .map(|(key, _)| key.clone())
+                .map(|(key, _)| *key)
                 .take(excess)
                 .collect();
             if evicted.len() < excess {
@@ -389,7 +409,7 @@ impl Cache {
                     self.work
                         .iter()
                         .filter(|(_, work)| !work.is_empty())
-                        .map(|(key, _)| key.clone())
+                        .map(|(key, _)| *key)
                         .take(more),
                 );
             }
@@ -417,8 +437,10 @@ pub struct DeferLayer {
 }
 
 impl Layer for DeferLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(Defer {
+    type Wrapped<S: Service> = Defer<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Defer<S> {
+        Defer {
             cache: Mutex::new(Cache {
                 capacity: usize::try_from(self.settings.cache_size)
                     .unwrap_or(usize::MAX)
@@ -431,8 +453,9 @@ impl Layer for DeferLayer {
             loader: self.loader,
             status: self.status,
             give_up: self.give_up,
+            nothing: Arc::new(KeyWork::default()),
             inner,
-        })
+        }
     }
 }
 
@@ -451,8 +474,7 @@ fn storage_failure(error: &StorageError, attempt: u32) -> Failure {
     )
 }
 
-#[async_trait]
-impl Service for Defer {
+impl<S: Service> Service for Defer<S> {
     async fn call(&self, task: &Task) -> Verdict {
         match &*task.event {
             Event::Timer(fired) if fired.kind == TimerKind::DeferRetry => {
@@ -465,48 +487,59 @@ impl Service for Defer {
     }
 }
 
-impl Defer {
-    fn place(&self, task: &Task) -> Place {
+impl<S: Service> Defer<S> {
+    fn place<'t>(&self, task: &'t Task) -> Place<'t> {
         let (topic, partition) = task.event.source();
-        let key = task.event.key().clone();
-        let epoch = {
-            let mut cache = self.cache.lock();
-            match cache.epochs.get(&(topic.clone(), partition)) {
-                Some((token, epoch)) if !token.is_cancelled() => *epoch,
-                _ => {
-                    // First sight of the partition, or it was revoked since: a new epoch, so
-                    // nothing cached from an earlier ownership is trusted. What the old epoch
-                    // cached ages out through eviction.
-                    cache.next_epoch += 1;
-                    let epoch = cache.next_epoch;
-                    cache
-                        .epochs
-                        .insert((topic.clone(), partition), (task.cancel.clone(), epoch));
-                    epoch
-                }
+        let key = task.event.key();
+        let mut cache = self.cache.lock();
+        let epoch = match cache.epochs.get(&(topic.clone(), partition)) {
+            Some((token, epoch)) if !token.is_cancelled() => *epoch,
+            _ => {
+                // First sight of the partition, or it was revoked since: a new epoch, so
+                // nothing cached from an earlier ownership is trusted. What the old epoch
+                // cached ages out through eviction.
+                cache.next_epoch += 1;
+                let epoch = cache.next_epoch;
+                cache
+                    .epochs
+                    .insert((topic.clone(), partition), (task.cancel.clone(), epoch));
+                epoch
             }
         };
+        let cache_key = cache
+            .digester
+            .digest((topic.as_str(), partition.0, epoch, key.as_str()));
+        let cached = cache.work.get(&cache_key).cloned();
+        drop(cache);
         Place {
-            scope: self.timers.scope(topic, partition),
-            cache_key: (topic.clone(), partition, epoch, key.clone()),
-            topic: topic.clone(),
+            topic,
             partition,
             key,
+            cache_key,
+            cached,
         }
+    }
+
+    /// The storage scope of `place`'s partition.
+    fn scope(&self, place: &Place<'_>) -> PartitionScope {
+        self.timers.scope(place.topic(), place.partition)
     }
 
     /// The key's deferred work, from the cache or the store. Work read from the store gets a
     /// retry timer if it has none (a crash between storing work and its timer, or a new
     /// owner of the partition).
-    async fn work(&self, place: &Place) -> Result<Arc<KeyWork>, StorageError> {
-        if let Some(work) = self.cache.lock().work.get(&place.cache_key) {
+    async fn work(&self, place: &Place<'_>) -> Result<Arc<KeyWork>, StorageError> {
+        if let Some(work) = &place.cached {
             return Ok(work.clone());
         }
         let messages = self
             .store
-            .deferred_messages(&place.scope, &place.key)
+            .deferred_messages(&self.scope(place), place.key())
             .await?;
-        let timers = self.store.deferred_timers(&place.scope, &place.key).await?;
+        let timers = self
+            .store
+            .deferred_timers(&self.scope(place), place.key())
+            .await?;
         let work = KeyWork {
             messages: messages
                 .into_iter()
@@ -521,31 +554,34 @@ impl Defer {
             let scheduled = self
                 .timers
                 .store()
-                .scheduled(&place.scope, &place.key, TimerKind::DeferRetry)
+                .scheduled(&self.scope(place), place.key(), TimerKind::DeferRetry)
                 .await?;
             if scheduled.is_empty() {
-                debug!(key = %place.key, "deferred work without a retry timer: scheduling one");
+                debug!(key = %place.key(), "deferred work without a retry timer: scheduling one");
                 self.schedule_retry(place, 0, None).await?;
             }
         }
-        let work = Arc::new(work);
-        self.cache
-            .lock()
-            .insert(place.cache_key.clone(), work.clone());
-        Ok(work)
+        Ok(self.remember(place, work))
     }
 
-    fn remember(&self, place: &Place, work: KeyWork) {
-        self.cache
-            .lock()
-            .insert(place.cache_key.clone(), Arc::new(work));
+    /// Caches `work` as the key's deferred work and returns it shared.
+    fn remember(&self, place: &Place<'_>, work: KeyWork) -> Arc<KeyWork> {
+        // Most keys have nothing deferred: they share one empty value instead of an allocation
+        // each.
+        let work = if work.is_empty() {
+            self.nothing.clone()
+        } else {
+            Arc::new(work)
+        };
+        self.cache.lock().insert(place.cache_key, work.clone());
+        work
     }
 
     /// Schedules the key's one retry timer `delay(retries)` from now, strictly after `after`
     /// (the timer being handled, which must not be rescheduled onto itself).
     async fn schedule_retry(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         retries: u32,
         after: Option<TimerTime>,
     ) -> Result<TimerTime, StorageError> {
@@ -557,9 +593,9 @@ impl Defer {
         }
         self.timers
             .write_now(
-                &place.topic,
+                place.topic(),
                 place.partition,
-                &place.key,
+                place.key(),
                 &TimerWrite::ClearAndSchedule(TimerKind::DeferRetry, time),
             )
             .await?;
@@ -570,7 +606,7 @@ impl Defer {
     /// timer when it is the first.
     async fn defer(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         work: &KeyWork,
         event: &Event,
     ) -> Result<(), StorageError> {
@@ -586,8 +622,8 @@ impl Defer {
                 }
                 self.store
                     .defer_message(
-                        &place.scope,
-                        &place.key,
+                        &self.scope(place),
+                        place.key(),
                         DeferredMessage {
                             offset,
                             retry_count: 0,
@@ -600,8 +636,8 @@ impl Defer {
                 let time = fired.timer.time;
                 self.store
                     .defer_timer(
-                        &place.scope,
-                        &place.key,
+                        &self.scope(place),
+                        place.key(),
                         DeferredTimer {
                             time,
                             retry_count: 0,
@@ -612,9 +648,9 @@ impl Defer {
                 // this event completes, and the store must not fire it again on restart.
                 self.timers
                     .write_now(
-                        &place.topic,
+                        place.topic(),
                         place.partition,
-                        &place.key,
+                        place.key(),
                         &TimerWrite::Unschedule(fired.kind, time),
                     )
                     .await?;
@@ -642,7 +678,7 @@ impl Defer {
             self.defer(&place, &work, &task.event)
                 .await
                 .map_err(|error| storage_failure(&error, task.attempt))?;
-            debug!(key = %place.key, offset = ?task.event.offset(), "key is deferred: queued behind");
+            debug!(key = %place.key(), offset = ?task.event.offset(), "key is deferred: queued behind");
             return Ok(Value::Null);
         }
         let verdict = self.inner.call(task).await;
@@ -653,7 +689,7 @@ impl Defer {
     /// Defers a transient failure when the gate allows; anything else passes up.
     async fn defer_failure(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         work: &KeyWork,
         task: &Task,
         verdict: Verdict,
@@ -667,12 +703,12 @@ impl Defer {
         }
         match self.defer(place, work, &task.event).await {
             Ok(()) => {
-                warn!(key = %place.key, offset = ?task.event.offset(), reason = %failure.reason,
+                warn!(key = %place.key(), offset = ?task.event.offset(), reason = %failure.reason,
                     retry_in = ?self.settings.delay(0), "transient failure: deferred");
                 Ok(Value::Null)
             }
             Err(error) => {
-                warn!(key = %place.key, %error, "cannot defer: retrying in place");
+                warn!(key = %place.key(), %error, "cannot defer: retrying in place");
                 Err(failure)
             }
         }
@@ -698,29 +734,29 @@ impl Defer {
         self.defer_failure(&place, &work, task, verdict).await
     }
 
-    async fn drop_work(&self, place: &Place, work: &KeyWork) -> Result<(), StorageError> {
+    async fn drop_work(&self, place: &Place<'_>, work: &KeyWork) -> Result<(), StorageError> {
         self.store
-            .clear_deferred_messages(&place.scope, &place.key)
+            .clear_deferred_messages(&self.scope(place), place.key())
             .await?;
         self.store
-            .clear_deferred_timers(&place.scope, &place.key)
+            .clear_deferred_timers(&self.scope(place), place.key())
             .await?;
         self.timers
             .write_now(
-                &place.topic,
+                place.topic(),
                 place.partition,
-                &place.key,
+                place.key(),
                 &TimerWrite::Clear(TimerKind::DeferRetry),
             )
             .await?;
         for offset in work.messages.keys() {
-            self.loader.forget(&place.topic, place.partition, *offset);
+            self.loader.forget(place.topic(), place.partition, *offset);
         }
         let dropped = work.messages.len() + work.timers.len();
         for _ in 0..dropped {
             self.status.count(|inner| &inner.dropped);
         }
-        info!(key = %place.key, messages = work.messages.len(), timers = work.timers.len(),
+        info!(key = %place.key(), messages = work.messages.len(), timers = work.timers.len(),
             "key excised: its deferred work is dropped");
         self.remember(place, KeyWork::default());
         Ok(())
@@ -754,7 +790,7 @@ impl Defer {
                             return Err(cancelled);
                         }
                     } else {
-                        error!(key = %place.key, ?head, reason = %failure.reason,
+                        error!(key = %place.key(), ?head, reason = %failure.reason,
                             "deferred work failed permanently: dropped");
                     }
                     self.status.count(|inner| &inner.dropped);
@@ -786,7 +822,7 @@ impl Defer {
                     self.remember(&place, work);
                     return match scheduled {
                         Ok(time) => {
-                            warn!(key = %place.key, ?head, retries, reason = %failure.reason,
+                            warn!(key = %place.key(), ?head, retries, reason = %failure.reason,
                                 retry_at = %time, "deferred work failed again: retrying later");
                             Ok(Value::Null)
                         }
@@ -803,9 +839,9 @@ impl Defer {
         self.remember(&place, work);
         self.timers
             .write_now(
-                &place.topic,
+                place.topic(),
                 place.partition,
-                &place.key,
+                place.key(),
                 &TimerWrite::Unschedule(TimerKind::DeferRetry, fired.timer.time),
             )
             .await
@@ -814,12 +850,17 @@ impl Defer {
     }
 
     /// One retry of the head of the key's deferred work through the layers below.
-    async fn retry_head(&self, task: &Task, place: &Place, head: Head) -> Result<(), HeadFailure> {
+    async fn retry_head(
+        &self,
+        task: &Task,
+        place: &Place<'_>,
+        head: Head,
+    ) -> Result<(), HeadFailure> {
         let (event, retries) = match head {
             Head::Message(offset, retries) => {
                 match self
                     .loader
-                    .load(&place.topic, place.partition, offset)
+                    .load(place.topic(), place.partition, offset)
                     .await
                 {
                     Ok(event) => (event, retries),
@@ -842,11 +883,11 @@ impl Defer {
             }
             Head::Timer(time, retries) => (
                 Event::Timer(FiredTimer {
-                    topic: place.topic.clone(),
+                    topic: place.topic().clone(),
                     partition: place.partition,
                     kind: TimerKind::Application,
                     timer: Timer {
-                        key: place.key.clone(),
+                        key: place.key().clone(),
                         time,
                     },
                 }),
@@ -871,21 +912,21 @@ impl Defer {
 
     async fn remove_head(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         work: &mut KeyWork,
         head: Head,
     ) -> Result<(), StorageError> {
         match head {
             Head::Message(offset, _) => {
                 self.store
-                    .remove_deferred_message(&place.scope, &place.key, offset)
+                    .remove_deferred_message(&self.scope(place), place.key(), offset)
                     .await?;
-                self.loader.forget(&place.topic, place.partition, offset);
+                self.loader.forget(place.topic(), place.partition, offset);
                 work.messages.remove(&offset);
             }
             Head::Timer(time, _) => {
                 self.store
-                    .remove_deferred_timer(&place.scope, &place.key, time)
+                    .remove_deferred_timer(&self.scope(place), place.key(), time)
                     .await?;
                 work.timers.remove(&time);
             }
@@ -895,7 +936,7 @@ impl Defer {
 
     async fn bump(
         &self,
-        place: &Place,
+        place: &Place<'_>,
         work: &mut KeyWork,
         head: Head,
         retries: u32,
@@ -904,8 +945,8 @@ impl Defer {
             Head::Message(offset, _) => {
                 self.store
                     .defer_message(
-                        &place.scope,
-                        &place.key,
+                        &self.scope(place),
+                        place.key(),
                         DeferredMessage {
                             offset,
                             retry_count: retries,
@@ -917,8 +958,8 @@ impl Defer {
             Head::Timer(time, _) => {
                 self.store
                     .defer_timer(
-                        &place.scope,
-                        &place.key,
+                        &self.scope(place),
+                        place.key(),
                         DeferredTimer {
                             time,
                             retry_count: retries,
@@ -938,6 +979,7 @@ mod tests {
     use crate::kafka::loader::LoadError;
     use crate::middleware::stack::testing::{excise, message, task};
     use crate::timers::TimerSettings;
+    use async_trait::async_trait;
     use prosody_api::{SlabSize, SystemClock};
     use serde_json::json;
     use storage_memory::{MemoryDeferStore, MemoryTimerStore};
@@ -949,7 +991,6 @@ mod tests {
         seen: Mutex<Vec<String>>,
     }
 
-    #[async_trait]
     impl Service for Inner {
         async fn call(&self, task: &Task) -> Verdict {
             let what = match &*task.event {
@@ -984,7 +1025,7 @@ mod tests {
     }
 
     struct Fixture {
-        layer: Arc<dyn Service>,
+        layer: Defer<Arc<Inner>>,
         inner: Arc<Inner>,
         store: MemoryDeferStore,
         timers: Timers,

@@ -13,9 +13,6 @@
 //! forwarding the record without its value (header [`VALUE_OMITTED_HEADER`]); the value stays
 //! readable at the original offset for as long as the source topic keeps it.
 
-use std::sync::Arc;
-
-use async_trait::async_trait;
 use prosody_api::ClassifyError;
 use rdkafka::types::RDKafkaErrorCode;
 use serde_json::Value;
@@ -58,10 +55,10 @@ pub enum Destination {
 }
 
 /// Routes what finally failed to its [`Destination`].
-pub struct FailurePolicy {
+pub struct FailurePolicy<S> {
     destination: Destination,
     timers: Option<Timers>,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`FailurePolicy`].
@@ -73,17 +70,18 @@ pub struct FailurePolicyLayer {
 }
 
 impl Layer for FailurePolicyLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(FailurePolicy {
+    type Wrapped<S: Service> = FailurePolicy<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> FailurePolicy<S> {
+        FailurePolicy {
             destination: self.destination,
             timers: self.timers,
             inner,
-        })
+        }
     }
 }
 
-#[async_trait]
-impl Service for FailurePolicy {
+impl<S: Service> Service for FailurePolicy<S> {
     async fn call(&self, task: &Task) -> Verdict {
         let failure = match &*task.event {
             Event::Rejected(rejected) => {
@@ -98,7 +96,7 @@ impl Service for FailurePolicy {
     }
 }
 
-impl FailurePolicy {
+impl<S: Service> FailurePolicy<S> {
     async fn give_up(
         &self,
         event: &Event,

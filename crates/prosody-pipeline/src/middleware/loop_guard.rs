@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use serde_json::Value;
 use tracing::trace;
 
@@ -11,9 +10,9 @@ use super::{Layer, Service, Task, Verdict};
 use crate::event::Event;
 
 /// Skips records stamped with our own group id.
-pub struct LoopGuard {
+pub struct LoopGuard<S> {
     group_id: Arc<str>,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`LoopGuard`].
@@ -23,11 +22,13 @@ pub struct LoopGuardLayer {
 }
 
 impl Layer for LoopGuardLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(LoopGuard {
+    type Wrapped<S: Service> = LoopGuard<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> LoopGuard<S> {
+        LoopGuard {
             group_id: Arc::from(self.group_id),
             inner,
-        })
+        }
     }
 }
 
@@ -40,8 +41,7 @@ fn source_system(event: &Event) -> Option<&str> {
     }
 }
 
-#[async_trait]
-impl Service for LoopGuard {
+impl<S: Service> Service for LoopGuard<S> {
     async fn call(&self, task: &Task) -> Verdict {
         if source_system(&task.event) == Some(&*self.group_id) {
             trace!(key = %task.event.key(), offset = ?task.event.offset(),

@@ -40,7 +40,7 @@ pub mod timeout;
 use std::fmt;
 use std::sync::Arc;
 
-use async_trait::async_trait;
+use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -161,15 +161,42 @@ impl fmt::Display for Failure {
 pub type Verdict = Result<Value, Failure>;
 
 /// One layer of the stack, or the handler at its bottom.
-#[async_trait]
+///
+/// Layers are generic over the service they wrap and [`stack`] composes them statically, so a
+/// whole stack is one type and one future per event: only its outside is boxed, once, as a
+/// [`DynService`]. (Boxing every layer's future, as a `dyn` stack must, cost an allocation
+/// and a virtual call per layer per event.)
 pub trait Service: Send + Sync + 'static {
     /// Runs `task` through this layer and the ones below it.
-    async fn call(&self, task: &Task) -> Verdict;
+    fn call(&self, task: &Task) -> impl Future<Output = Verdict> + Send;
+}
+
+/// A [`Service`] as a trait object, its future boxed: what a composed stack is to the engine
+/// ([`StackDispatch`]). Call it through the object (`(*service).call_boxed(task)`): an `Arc`
+/// of a service is a service of its own, whose `call_boxed` would box a second time.
+pub trait DynService: Send + Sync + 'static {
+    /// [`Service::call`], boxed.
+    fn call_boxed<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Verdict>;
+}
+
+impl<S: Service> DynService for S {
+    fn call_boxed<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Verdict> {
+        Box::pin(self.call(task))
+    }
+}
+
+impl<S: Service> Service for Arc<S> {
+    fn call(&self, task: &Task) -> impl Future<Output = Verdict> + Send {
+        (**self).call(task)
+    }
 }
 
 /// Builds a layer around an inner service: what [`stack`] composes. Each layer module exposes
 /// one type implementing it.
 pub trait Layer: Send {
+    /// The layer around an inner service of type `S`.
+    type Wrapped<S: Service>: Service;
+
     /// Wraps `inner`.
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service>;
+    fn wrap<S: Service>(self, inner: S) -> Self::Wrapped<S>;
 }

@@ -13,15 +13,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use parking_lot::Mutex;
-use prosody_api::{Key, Topic};
+use prosody_api::digest::{DigestMap, Digester};
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::Event;
-use crate::hashing::KeyMap;
 
 /// Buckets a key's window is divided in.
 const BUCKETS: u32 = 10;
@@ -79,17 +77,21 @@ impl MonopolizationStatus {
 }
 
 /// Rejects keys over their share of handler time.
-pub struct Monopolization {
+pub struct Monopolization<S> {
     settings: MonopolizationSettings,
     /// Bucket numbers count from here.
     origin: Instant,
     width: Duration,
     allowed: u64,
     /// One lock for lookup and update: a concurrent cache would add its own synchronisation
-    /// to every event for nothing.
-    usage: Mutex<KeyMap<(Topic, Key), Usage>>,
+    /// to every event for nothing. Keyed by a digest of (topic, key) rather than the pair: no
+    /// clones of the shared topic and key per event and no string comparisons on lookup, and
+    /// a 128-bit keyed digest makes two keys sharing an account vanishingly unlikely (the dedup
+    /// cache's argument).
+    usage: Mutex<DigestMap<Usage>>,
+    digester: Digester,
     status: MonopolizationStatus,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`Monopolization`].
@@ -101,29 +103,33 @@ pub struct MonopolizationLayer {
 }
 
 impl Layer for MonopolizationLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+    type Wrapped<S: Service> = Monopolization<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Monopolization<S> {
         let settings = self.settings;
         let window = settings.window.max(Duration::from_millis(BUCKETS.into()));
-        Arc::new(Monopolization {
+        Monopolization {
             origin: Instant::now(),
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
             settings: MonopolizationSettings { window, ..settings },
-            usage: Mutex::new(KeyMap::default()),
+            usage: Mutex::new(DigestMap::default()),
+            digester: Digester::default(),
             status: self.status,
             inner,
-        })
+        }
     }
 }
 
-#[async_trait]
-impl Service for Monopolization {
+impl<S: Service> Service for Monopolization<S> {
     async fn call(&self, task: &Task) -> Verdict {
         if matches!(*task.event, Event::Rejected(_)) {
             return self.inner.call(task).await;
         }
         let (topic, _) = task.event.source();
-        let index = (topic.clone(), task.event.key().clone());
+        let index = self
+            .digester
+            .digest((topic.as_str(), task.event.key().as_str()));
         // One clock read serves the window check and the start of the run.
         let started = Instant::now();
         let now = self.bucket(started);
@@ -154,13 +160,13 @@ impl Service for Monopolization {
     }
 }
 
-impl Monopolization {
+impl<S: Service> Monopolization<S> {
     fn bucket(&self, at: Instant) -> u64 {
         let width = nanos(self.width).max(1);
         nanos(at.saturating_duration_since(self.origin)) / width
     }
 
-    fn charge(&self, index: (Topic, Key), now: u64, busy: u64) {
+    fn charge(&self, index: u128, now: u64, busy: u64) {
         let capacity = usize::try_from(self.settings.cache_size)
             .unwrap_or(usize::MAX)
             .max(1);
@@ -172,7 +178,7 @@ impl Monopolization {
             usage.retain(|_, key| key.total(now) > 0);
             if usage.len() > capacity {
                 let excess = usage.len() - (capacity - capacity / 4);
-                let evicted: Vec<(Topic, Key)> = usage.keys().take(excess).cloned().collect();
+                let evicted: Vec<u128> = usage.keys().take(excess).copied().collect();
                 for key in evicted {
                     usage.remove(&key);
                 }
@@ -193,7 +199,6 @@ mod tests {
 
     struct Sleeping(Duration);
 
-    #[async_trait]
     impl Service for Sleeping {
         async fn call(&self, _: &Task) -> Verdict {
             tokio::time::sleep(self.0).await;

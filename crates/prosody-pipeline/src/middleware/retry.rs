@@ -2,10 +2,8 @@
 //! `maxRetryDelayMs`, with jitter so keys that failed together do not retry together.
 //! Permanent failures and cancellation are never retried.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tracing::warn;
 
@@ -33,10 +31,10 @@ impl RetryPolicy {
 }
 
 /// Retries transient failures of the layers below.
-pub struct Retry {
+pub struct Retry<S> {
     policy: RetryPolicy,
     max_retries: Option<u32>,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`Retry`].
@@ -48,17 +46,18 @@ pub struct RetryLayer {
 }
 
 impl Layer for RetryLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(Retry {
+    type Wrapped<S: Service> = Retry<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Retry<S> {
+        Retry {
             policy: self.policy,
             max_retries: self.max_retries,
             inner,
-        })
+        }
     }
 }
 
-#[async_trait]
-impl Service for Retry {
+impl<S: Service> Service for Retry<S> {
     async fn call(&self, task: &Task) -> Verdict {
         let failure = match self.inner.call(task).await {
             Err(failure) if failure.kind == FailureKind::Transient => failure,
@@ -95,7 +94,7 @@ mod tests {
     use crate::middleware::stack::testing::{Calls, message, task};
     use serde_json::{Value, json};
 
-    fn layer(max_retries: Option<u32>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
+    fn layer<S: Service>(max_retries: Option<u32>, inner: S) -> Retry<S> {
         Box::new(RetryLayer {
             policy: RetryPolicy {
                 base: Duration::from_millis(1),

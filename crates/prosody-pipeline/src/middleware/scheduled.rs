@@ -5,15 +5,13 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-
 use super::{Failure, Layer, Service, Task, Verdict};
 use crate::consumer::{Admission, TaskClass};
 
 /// Holds a permit while the attempt runs.
-pub struct Scheduled {
+pub struct Scheduled<S> {
     admission: Arc<dyn Admission>,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`Scheduled`].
@@ -23,16 +21,17 @@ pub struct ScheduledLayer {
 }
 
 impl Layer for ScheduledLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(Scheduled {
+    type Wrapped<S: Service> = Scheduled<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Scheduled<S> {
+        Scheduled {
             admission: self.admission,
             inner,
-        })
+        }
     }
 }
 
-#[async_trait]
-impl Service for Scheduled {
+impl<S: Service> Service for Scheduled<S> {
     async fn call(&self, task: &Task) -> Verdict {
         let permit = if let Some(permit) = task.permit.take() {
             permit

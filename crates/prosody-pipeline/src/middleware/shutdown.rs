@@ -7,18 +7,16 @@
 //! the grace is half of that rest, so the dispatch ends (and returns its permit) before the
 //! engine stops waiting for it.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tracing::warn;
 
 use super::{Failure, Layer, Service, Task, Verdict};
 
 /// Stops attempts that outlive the dispatch's cancellation.
-pub struct Shutdown {
+pub struct Shutdown<S> {
     grace: Duration,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`Shutdown`].
@@ -38,16 +36,17 @@ impl ShutdownLayer {
 }
 
 impl Layer for ShutdownLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(Shutdown {
+    type Wrapped<S: Service> = Shutdown<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Shutdown<S> {
+        Shutdown {
             grace: self.grace,
             inner,
-        })
+        }
     }
 }
 
-#[async_trait]
-impl Service for Shutdown {
+impl<S: Service> Service for Shutdown<S> {
     async fn call(&self, task: &Task) -> Verdict {
         if task.cancel.is_cancelled() {
             return Err(Failure::cancelled(task.attempt));

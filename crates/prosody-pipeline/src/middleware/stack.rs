@@ -10,14 +10,16 @@ use tracing::error;
 
 use super::allowed_events::AllowedEventsLayer;
 use super::dedup::DedupLayer;
+use super::defer::DeferLayer;
 use super::failure_policy::{Destination, FailurePolicyLayer};
 use super::loop_guard::LoopGuardLayer;
+use super::monopolization::MonopolizationLayer;
 use super::retry::{RetryLayer, RetryPolicy};
 use super::scheduled::ScheduledLayer;
 use super::shutdown::ShutdownLayer;
 use super::telemetry::TelemetryLayer;
 use super::timeout::TimeoutLayer;
-use super::{Layer, Service, Task};
+use super::{DynService, Layer, Service, Task, Verdict};
 use crate::consumer::{Admission, Dispatch, Outcome, PermitSlot};
 use crate::event::Event;
 use crate::timers::Timers;
@@ -55,9 +57,9 @@ pub struct StackSettings {
     /// Deduplication.
     pub dedup: DedupLayer,
     /// Pipeline mode only: the defer layer (issue 6), between retry and monopolization.
-    pub defer: Option<Box<dyn Layer>>,
+    pub defer: Option<DeferLayer>,
     /// Pipeline mode only: the monopolization layer (issue 6), between defer and shutdown.
-    pub monopolization: Option<Box<dyn Layer>>,
+    pub monopolization: Option<MonopolizationLayer>,
     /// The admission the engine acquires from; retries acquire from it too.
     pub admission: Arc<dyn Admission>,
     /// Handler timeout.
@@ -68,8 +70,38 @@ pub struct StackSettings {
     pub telemetry: TelemetryLayer,
 }
 
-/// The layers of `settings.mode`, outermost first.
-fn layers(settings: StackSettings) -> Vec<Box<dyn Layer>> {
+/// A layer that the mode or the configuration may leave out: the wrapped service when it is
+/// in, the inner one as it is when it is out.
+pub enum Optional<W, S> {
+    /// The layer is in.
+    On(W),
+    /// The layer is left out.
+    Off(S),
+}
+
+impl<W: Service, S: Service> Service for Optional<W, S> {
+    async fn call(&self, task: &Task) -> Verdict {
+        match self {
+            Self::On(wrapped) => wrapped.call(task).await,
+            Self::Off(inner) => inner.call(task).await,
+        }
+    }
+}
+
+/// Wraps `inner` in `layer` when there is one.
+fn optional<L: Layer, S: Service>(layer: Option<L>, inner: S) -> Optional<L::Wrapped<S>, S> {
+    match layer {
+        Some(layer) => Optional::On(layer.wrap(inner)),
+        None => Optional::Off(inner),
+    }
+}
+
+/// Wraps `handler` in the layers of `settings.mode`, outermost first: loop guard, allowed
+/// events, failure policy, dedup, retry, defer, monopolization, shutdown, scheduler, timeout,
+/// telemetry. One type for every mode (the layers a mode leaves out are [`Optional`]), boxed
+/// once.
+#[must_use]
+pub fn compose(settings: StackSettings, handler: impl Service) -> Arc<dyn DynService> {
     let StackSettings {
         mode,
         group_id,
@@ -89,64 +121,60 @@ fn layers(settings: StackSettings) -> Vec<Box<dyn Layer>> {
         ModePolicy::BestEffort => Destination::Log,
         ModePolicy::Pipeline | ModePolicy::LowLatency { .. } => failures,
     };
-    let mut layers: Vec<Box<dyn Layer>> = vec![
-        Box::new(LoopGuardLayer { group_id }),
-        Box::new(AllowedEventsLayer {
-            prefixes: allowed_events,
-        }),
-        Box::new(FailurePolicyLayer {
-            destination: failures,
-            timers,
-        }),
-        Box::new(dedup),
-    ];
-    match mode {
-        ModePolicy::Pipeline => {
-            layers.push(Box::new(RetryLayer {
+    let (retry, defer, monopolization) = match mode {
+        ModePolicy::Pipeline => (
+            Some(RetryLayer {
                 policy: retry,
                 max_retries: None,
-            }));
-            layers.extend(defer);
-            layers.extend(monopolization);
+            }),
+            defer,
+            monopolization,
+        ),
+        ModePolicy::LowLatency { max_retries } => (
+            Some(RetryLayer {
+                policy: retry,
+                max_retries: Some(max_retries),
+            }),
+            None,
+            None,
+        ),
+        ModePolicy::BestEffort => (None, None, None),
+    };
+    let attempt = ShutdownLayer::for_budget(shutdown_timeout).wrap(
+        ScheduledLayer { admission }.wrap(TimeoutLayer { timeout }.wrap(telemetry.wrap(handler))),
+    );
+    let retried = optional(retry, optional(defer, optional(monopolization, attempt)));
+    let filtered = LoopGuardLayer { group_id }.wrap(
+        AllowedEventsLayer {
+            prefixes: allowed_events,
         }
-        ModePolicy::LowLatency { max_retries } => layers.push(Box::new(RetryLayer {
-            policy: retry,
-            max_retries: Some(max_retries),
-        })),
-        ModePolicy::BestEffort => {}
-    }
-    layers.push(Box::new(ShutdownLayer::for_budget(shutdown_timeout)));
-    layers.push(Box::new(ScheduledLayer { admission }));
-    layers.push(Box::new(TimeoutLayer { timeout }));
-    layers.push(Box::new(telemetry));
-    layers
-}
-
-/// Wraps `handler` in the layers of `settings.mode`.
-#[must_use]
-pub fn compose(settings: StackSettings, handler: Arc<dyn Service>) -> Arc<dyn Service> {
-    layers(settings)
-        .into_iter()
-        .rev()
-        .fold(handler, |inner, layer| layer.wrap(inner))
+        .wrap(
+            FailurePolicyLayer {
+                destination: failures,
+                timers,
+            }
+            .wrap(dedup.wrap(retried)),
+        ),
+    );
+    Arc::new(filtered)
 }
 
 /// The engine's view of a stack: a verdict becomes an [`Outcome`].
 pub struct StackDispatch {
-    service: Arc<dyn Service>,
+    service: Arc<dyn DynService>,
 }
 
 impl StackDispatch {
     /// The dispatch of `handler` wrapped in the layers of `settings.mode`.
     #[must_use]
-    pub fn new(settings: StackSettings, handler: Arc<dyn Service>) -> Self {
+    pub fn new(settings: StackSettings, handler: impl Service) -> Self {
         Self::from_service(compose(settings, handler))
     }
 
     /// The dispatch of a stack composed elsewhere (tests of one concern, custom stacks). The
     /// stack must answer every failure but cancellation itself, as the failure policy does.
     #[must_use]
-    pub fn from_service(service: Arc<dyn Service>) -> Self {
+    pub fn from_service(service: Arc<dyn DynService>) -> Self {
         Self { service }
     }
 }
@@ -173,7 +201,8 @@ impl Dispatch for StackDispatch {
         };
         let key = task.event.key().clone();
         let offset = task.event.offset();
-        match self.service.call(&task).await {
+        // Through the trait object: the `Arc` is a service of its own.
+        match (*self.service).call_boxed(&task).await {
             Ok(_) => Outcome::Completed,
             Err(failure) if failure.is_cancelled() => Outcome::Abandoned,
             Err(failure) => {
@@ -192,7 +221,6 @@ pub(crate) mod testing {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use async_trait::async_trait;
     use parking_lot::Mutex;
     use prosody_api::{ExciseMessage, Headers, Key, Message, Offset, Partition, Timestamp, Topic};
     use serde_json::Value;
@@ -269,7 +297,6 @@ pub(crate) mod testing {
         }
     }
 
-    #[async_trait]
     impl Service for Calls {
         async fn call(&self, task: &Task) -> Verdict {
             let call = {

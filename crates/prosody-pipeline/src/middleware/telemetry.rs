@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
 use tracing::Instrument;
 
 use super::{Layer, Service, Task, Verdict};
@@ -14,9 +13,12 @@ use crate::telemetry::propagation::relate;
 use crate::telemetry::{LifecycleEvent, SpanRelation, Stage, TelemetrySink, handler_spans_wanted};
 
 /// Spans and lifecycle events around the handler.
-pub struct Telemetry {
+pub struct Telemetry<S> {
     settings: TelemetryLayer,
-    inner: Arc<dyn Service>,
+    /// False when nothing would observe the attempt: the layer then only passes it on, with
+    /// no clock reads on the hot path.
+    observed: bool,
+    inner: S,
 }
 
 /// Builds a [`Telemetry`].
@@ -34,15 +36,14 @@ pub struct TelemetryLayer {
 }
 
 impl Layer for TelemetryLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        // Nothing would observe the attempt: no layer at all, so no clock reads on the hot path.
-        if self.sink.is_none() && !handler_spans_wanted() {
-            return inner;
-        }
-        Arc::new(Telemetry {
-            settings: *self,
+    type Wrapped<S: Service> = Telemetry<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Telemetry<S> {
+        Telemetry {
+            observed: self.sink.is_some() || handler_spans_wanted(),
+            settings: self,
             inner,
-        })
+        }
     }
 }
 
@@ -57,7 +58,7 @@ fn describe(event: &Event) -> (&'static str, Option<&prosody_api::Headers>) {
     }
 }
 
-impl Telemetry {
+impl<S: Service> Telemetry<S> {
     /// The handler span of `task`, related to the trace context in its record's headers.
     fn span(&self, task: &Task) -> tracing::Span {
         let (kind, headers) = describe(&task.event);
@@ -106,9 +107,11 @@ impl Telemetry {
     }
 }
 
-#[async_trait]
-impl Service for Telemetry {
+impl<S: Service> Service for Telemetry<S> {
     async fn call(&self, task: &Task) -> Verdict {
+        if !self.observed {
+            return self.inner.call(task).await;
+        }
         self.emit(task, Stage::Dispatched, None, None);
         let started = Instant::now();
         let verdict = if handler_spans_wanted() {

@@ -7,19 +7,17 @@
 //! a later attempt gets a fresh deadline. A deadline costs nothing on the hot path (no timer,
 //! no child token); only a handler that waits for cancellation arms a timer.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Layer, Service, Task, Verdict};
 
 /// Gives each attempt its deadline.
-pub struct Timeout {
+pub struct Timeout<S> {
     timeout: Duration,
-    inner: Arc<dyn Service>,
+    inner: S,
 }
 
 /// Builds a [`Timeout`].
@@ -29,16 +27,17 @@ pub struct TimeoutLayer {
 }
 
 impl Layer for TimeoutLayer {
-    fn wrap(self: Box<Self>, inner: Arc<dyn Service>) -> Arc<dyn Service> {
-        Arc::new(Timeout {
+    type Wrapped<S: Service> = Timeout<S>;
+
+    fn wrap<S: Service>(self, inner: S) -> Timeout<S> {
+        Timeout {
             timeout: self.timeout,
             inner,
-        })
+        }
     }
 }
 
-#[async_trait]
-impl Service for Timeout {
+impl<S: Service> Service for Timeout<S> {
     async fn call(&self, task: &Task) -> Verdict {
         let started = Instant::now();
         let deadline = started + self.timeout;

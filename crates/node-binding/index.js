@@ -283,11 +283,296 @@ class Context {
     return seconds.map((secs) => new Date(secs * 1000));
   }
 
+  /** Binds a registered collection for the current attempt (valid until the handler settles). */
   state(definition) {
     checkDefinition(definition);
-    throw new PermanentStateError(
-      `keyed-state collection \`${definition.name}\` is not available: this build of Prosody has no keyed-state runtime yet`,
+    const code = KIND_CODES[definition.kind] + (definition.payload === "message" ? 3 : 0);
+    let handle;
+    try {
+      handle = native.contextState(this.#id, code, definition.name);
+    } catch (error) {
+      throw stateError(error);
+    }
+    const codec = definition.payload === "message" ? MESSAGE_CODEC : JSON_CODEC;
+    if (definition.kind === "value") return new ValueStateHandle(handle, codec);
+    if (definition.kind === "map") return new MapStateHandle(handle, codec);
+    return new DequeStateHandle(handle, codec);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keyed-state handles: promise-returning methods and async iterators over the Rust handles.
+// Every operation is one call into the addon; items cross as JSON text.
+
+const KIND_CODES = { value: 0, map: 1, deque: 2 };
+
+/** A state error from the addon keeps its class; anything else it throws is a bad argument. */
+function stateError(error) {
+  const translated = translate(error);
+  if (translated !== error) return translated;
+  const result = new TransientStateError(error instanceof Error ? error.message : String(error));
+  result.code = "ERR_PROSODY_STATE";
+  return result;
+}
+
+async function stateCall(operation) {
+  try {
+    return await operation();
+  } catch (error) {
+    throw stateError(error);
+  }
+}
+
+function badItem(error) {
+  const result = new TransientStateError(`a keyed-state item must be JSON-compatible: ${describeError(error)}`);
+  result.code = "ERR_PROSODY_STATE";
+  return result;
+}
+
+// `undefined` is sent as null, which Rust rejects: null and undefined mean absence.
+const JSON_CODEC = {
+  encode(item) {
+    let text;
+    try {
+      text = JSON.stringify(item);
+    } catch (error) {
+      throw badItem(error);
+    }
+    return text === undefined ? "null" : text;
+  },
+  decode: (item) => item,
+};
+
+// Message collections store the record's reference and reload it from Kafka on read.
+const MESSAGE_CODEC = {
+  encode(message) {
+    if (message === null || typeof message !== "object") return "null";
+    return JSON.stringify([message.topic, message.partition, message.offset]);
+  },
+  decode: ([topic, partition, offset, timestamp, key, payload]) => ({
+    topic,
+    partition,
+    offset,
+    timestamp: new Date(timestamp),
+    key,
+    payload,
+  }),
+};
+
+function decodeText(codec, text) {
+  return text === null ? undefined : codec.decode(JSON.parse(text));
+}
+
+const SCAN_ENTRIES = 0;
+const SCAN_KEYS = 1;
+const SCAN_VALUES = 2;
+// Chunks grow from small (a loop that stops early reads little) to large (a long scan makes
+// few calls).
+const FIRST_CHUNK = 16;
+const LARGEST_CHUNK = 1024;
+
+/** An async iterator over a Rust scan cursor; `return()` (an early `break`) closes it. */
+class StateIterator {
+  #cursor;
+  #decode;
+  #buffer = [];
+  #index = 0;
+  #chunk = FIRST_CHUNK;
+  #done = false;
+  #pending = Promise.resolve();
+
+  constructor(cursor, decode) {
+    this.#cursor = cursor;
+    this.#decode = decode;
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+
+  next() {
+    // Calls queue so that concurrent next() calls see items in order.
+    const step = this.#pending.then(() => this.#step());
+    this.#pending = step.then(
+      () => undefined,
+      () => undefined,
     );
+    return step;
+  }
+
+  async #step() {
+    if (this.#index >= this.#buffer.length) {
+      if (this.#done) return { value: undefined, done: true };
+      let text;
+      try {
+        text = await stateCall(() => this.#cursor.next(this.#chunk));
+      } catch (error) {
+        this.#finish();
+        throw error;
+      }
+      if (text === null) {
+        this.#finish();
+        return { value: undefined, done: true };
+      }
+      this.#buffer = JSON.parse(text);
+      this.#index = 0;
+      this.#chunk = Math.min(this.#chunk * 4, LARGEST_CHUNK);
+    }
+    return { value: this.#decode(this.#buffer[this.#index++]), done: false };
+  }
+
+  #finish() {
+    this.#done = true;
+    this.#buffer = [];
+    this.#index = 0;
+    this.#cursor.close();
+  }
+
+  async return(value) {
+    this.#finish();
+    return { value, done: true };
+  }
+}
+
+function direction(value) {
+  return value === undefined ? "forward" : String(value);
+}
+
+// Where a handle keeps its Rust handle and codec (symbols keep them off the public surface).
+const NATIVE = Symbol("native");
+const CODEC = Symbol("codec");
+
+/** Transaction control shared by every handle. */
+class StagedHandle {
+  constructor(handle, codec) {
+    Object.defineProperty(this, NATIVE, { value: handle });
+    Object.defineProperty(this, CODEC, { value: codec });
+  }
+
+  /** Makes this collection's pending writes durable now; a later failure keeps them. */
+  async commit() {
+    await stateCall(() => this[NATIVE].commit());
+  }
+
+  /** Drops this collection's pending writes since its last commit. */
+  async rollback() {
+    await stateCall(() => this[NATIVE].rollback());
+  }
+}
+
+/** A value collection of the current key. */
+class ValueStateHandle extends StagedHandle {
+  async get() {
+    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].get(null)));
+  }
+
+  async set(item) {
+    const text = this[CODEC].encode(item);
+    await stateCall(() => this[NATIVE].set(null, text));
+  }
+
+  async clear() {
+    await stateCall(() => this[NATIVE].clear());
+  }
+}
+
+/** A string-keyed ordered map of the current key. */
+class MapStateHandle extends StagedHandle {
+  async get(key) {
+    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].get(key)));
+  }
+
+  async getMany(keys) {
+    const items = JSON.parse(await stateCall(() => this[NATIVE].getMany(keys)));
+    const { decode } = this[CODEC];
+    return items.map((item) => (item === null ? undefined : decode(item)));
+  }
+
+  async has(key) {
+    return stateCall(() => this[NATIVE].has(key));
+  }
+
+  async set(key, item) {
+    const text = this[CODEC].encode(item);
+    await stateCall(() => this[NATIVE].set(key, text));
+  }
+
+  async delete(key) {
+    return stateCall(() => this[NATIVE].delete(key));
+  }
+
+  async clear() {
+    await stateCall(() => this[NATIVE].clear());
+  }
+
+  entries(scanDirection) {
+    const { decode } = this[CODEC];
+    return this.#scan(SCAN_ENTRIES, scanDirection, ([key, item]) => [key, decode(item)]);
+  }
+
+  keys(scanDirection) {
+    return this.#scan(SCAN_KEYS, scanDirection, (key) => key);
+  }
+
+  values(scanDirection) {
+    return this.#scan(SCAN_VALUES, scanDirection, this[CODEC].decode);
+  }
+
+  #scan(what, scanDirection, decode) {
+    let cursor;
+    try {
+      cursor = this[NATIVE].scan(what, direction(scanDirection));
+    } catch (error) {
+      throw stateError(error);
+    }
+    return new StateIterator(cursor, decode);
+  }
+}
+
+/** A double-ended queue of the current key. */
+class DequeStateHandle extends StagedHandle {
+  async push(item) {
+    const text = this[CODEC].encode(item);
+    await stateCall(() => this[NATIVE].insert(true, text));
+  }
+
+  async unshift(item) {
+    const text = this[CODEC].encode(item);
+    await stateCall(() => this[NATIVE].insert(false, text));
+  }
+
+  async pop() {
+    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].remove(true)));
+  }
+
+  async shift() {
+    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].remove(false)));
+  }
+
+  async at(index) {
+    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].at(index)));
+  }
+
+  async length() {
+    return stateCall(() => this[NATIVE].length());
+  }
+
+  async isEmpty() {
+    return stateCall(() => this[NATIVE].isEmpty());
+  }
+
+  values(scanDirection) {
+    let cursor;
+    try {
+      cursor = this[NATIVE].scan(SCAN_VALUES, direction(scanDirection));
+    } catch (error) {
+      throw stateError(error);
+    }
+    return new StateIterator(cursor, this[CODEC].decode);
+  }
+
+  async clear() {
+    await stateCall(() => this[NATIVE].clear());
   }
 }
 
@@ -562,12 +847,19 @@ class AdminClient {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Keyed-state definitions (data only; the runtime is not in this build yet)
+// Keyed-state definitions: plain frozen data, validated by Rust when the client registers them.
 
 const KINDS = new Set(["value", "map", "deque"]);
+const PAYLOADS = new Set(["json", "message"]);
 
 function checkDefinition(definition) {
-  if (definition === null || typeof definition !== "object" || !KINDS.has(definition.kind)) {
+  if (
+    definition === null ||
+    typeof definition !== "object" ||
+    !KINDS.has(definition.kind) ||
+    !PAYLOADS.has(definition.payload) ||
+    typeof definition.name !== "string"
+  ) {
     throw new TypeError("expected a keyed-state definition made by value(), map(), deque() or message*()");
   }
 }

@@ -283,6 +283,48 @@ impl AttemptState {
     }
 }
 
+/// The attempt's own binder, vended by `KeyedStateContext::owned_state` of the attempt's
+/// context: it binds like the context and fails with `AttemptEnded` once the attempt ended.
+impl KeyedStateContext for AttemptState {
+    fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value>>, ContextError> {
+        AttemptState::value(self, collection)
+    }
+
+    fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value>>, ContextError> {
+        AttemptState::map(self, collection)
+    }
+
+    fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value>>, ContextError> {
+        AttemptState::deque(self, collection)
+    }
+
+    fn message_value(
+        &self,
+        collection: &str,
+    ) -> Result<Box<dyn ValueState<Message>>, ContextError> {
+        AttemptState::message_value(self, collection)
+    }
+
+    fn message_map(&self, collection: &str) -> Result<Box<dyn MapState<Message>>, ContextError> {
+        AttemptState::message_map(self, collection)
+    }
+
+    fn message_deque(
+        &self,
+        collection: &str,
+    ) -> Result<Box<dyn DequeState<Message>>, ContextError> {
+        AttemptState::message_deque(self, collection)
+    }
+
+    fn clear_all(&self) -> futures::future::BoxFuture<'_, Result<(), ContextError>> {
+        Box::pin(AttemptState::clear_all(self))
+    }
+
+    fn owned_state(&self) -> Option<Arc<dyn KeyedStateContext>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
 fn cell_loader(cell: &attempt::Cell) -> Result<Arc<dyn MessageLoader>, ContextError> {
     cell.runtime().loader()
 }

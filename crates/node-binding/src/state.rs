@@ -651,3 +651,68 @@ impl NativeCursor {
         *self.state.lock() = Cursor::Closed;
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly")]
+mod tests {
+    use futures::stream;
+    use prosody::api::ClassifyError;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn message_items_go_in_as_references_and_come_out_whole() {
+        let message = Message::decode("[\"orders\", 3, 42]").unwrap();
+        assert_eq!(message.topic.as_str(), "orders");
+        assert_eq!(message.partition, Partition(3));
+        assert_eq!(message.offset, Offset(42));
+        assert!(Message::decode("null").is_err_and(|error| !error.is_permanent()));
+        let mut out = String::new();
+        Message {
+            key: Key::from("k"),
+            payload: json!({"a": 1}),
+            timestamp: Timestamp::from_millis(7),
+            ..message
+        }
+        .encode(&mut out)
+        .unwrap();
+        assert_eq!(out, r#"["orders",3,42,7,"k",{"a":1}]"#);
+    }
+
+    #[test]
+    fn json_items_must_be_json() {
+        assert_eq!(Value::decode("{\"a\":[1]}").unwrap(), json!({"a": [1]}));
+        assert!(Value::decode("{").is_err_and(|error| !error.is_permanent()));
+    }
+
+    #[test]
+    fn without_keyed_state_every_name_is_unregistered() {
+        let error = bind(None, 0, "count").err().unwrap();
+        assert!(matches!(error, ContextError::Unregistered(name) if name == "count"));
+    }
+
+    #[tokio::test]
+    async fn chunks_split_a_stream_and_end_once() {
+        let items = (0..5).map(|n| Ok(Entry((format!("k{n}"), json!(n)))));
+        let mut scan = stream::iter(items);
+        let mut finished = false;
+        let first = chunk(&mut scan, 2, true, &mut finished).await.unwrap();
+        assert_eq!(first.as_deref(), Some(r#"[["k0",0],["k1",1]]"#));
+        let second = chunk(&mut scan, 10, true, &mut finished).await.unwrap();
+        assert_eq!(second.as_deref(), Some(r#"[["k2",2],["k3",3],["k4",4]]"#));
+        assert!(finished);
+        assert_eq!(chunk(&mut scan, 10, true, &mut finished).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_failing_scan_reports_its_error_then_ends() {
+        let items: Vec<Result<Value, ContextError>> =
+            vec![Ok(json!(1)), Err(ContextError::AttemptEnded)];
+        let mut scan = stream::iter(items);
+        let mut finished = false;
+        let error = chunk(&mut scan, 10, false, &mut finished).await.unwrap_err();
+        assert!(matches!(error, ContextError::AttemptEnded));
+        assert_eq!(chunk(&mut scan, 10, false, &mut finished).await.unwrap(), None);
+    }
+}

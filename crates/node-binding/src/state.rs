@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::errors::{ErrorKind, classified};
 
 /// A state error for JavaScript: `TransientStateError` or `PermanentStateError` by class.
+#[must_use]
 pub fn state_error(error: &ContextError) -> napi::Error {
     classified(ErrorKind::State, error)
 }
@@ -47,7 +48,10 @@ trait Item: Send + Sized + 'static {
     fn encode(&self, out: &mut String) -> Result<(), ContextError>;
 }
 
-fn append_json(value: &(impl serde::Serialize + ?Sized), out: &mut String) -> Result<(), ContextError> {
+fn append_json(
+    value: &(impl serde::Serialize + ?Sized),
+    out: &mut String,
+) -> Result<(), ContextError> {
     let text = serde_json::to_string(value)
         .map_err(|error| invalid(format!("an item cannot be encoded as JSON: {error}")))?;
     out.push_str(&text);
@@ -67,8 +71,8 @@ impl Item for Value {
 
 impl Item for Message {
     fn decode(text: &str) -> Result<Self, ContextError> {
-        let (topic, partition, offset): (String, i32, i64) = serde_json::from_str(text)
-            .map_err(|_| {
+        let (topic, partition, offset): (String, i32, i64) =
+            serde_json::from_str(text).map_err(|_| {
                 invalid(
                     "a message collection stores messages given to the handler (with topic, \
                      partition and offset)",
@@ -149,7 +153,9 @@ pub struct NativeState {
 }
 
 fn wrong_kind(operation: &str) -> ContextError {
-    invalid(format!("`{operation}` does not apply to this collection kind"))
+    invalid(format!(
+        "`{operation}` does not apply to this collection kind"
+    ))
 }
 
 fn entry_of<'a>(entry: Option<&'a str>, operation: &str) -> Result<&'a str, ContextError> {
@@ -261,7 +267,9 @@ impl NativeState {
 
     async fn at_inner(&self, index: f64) -> Result<Option<String>, ContextError> {
         if !index.is_finite() || index.fract() != 0.0 || index.abs() > 9_007_199_254_740_991.0 {
-            return Err(invalid(format!("a deque index must be an integer, not {index}")));
+            return Err(invalid(format!(
+                "a deque index must be an integer, not {index}"
+            )));
         }
         #[allow(
             clippy::cast_possible_truncation,
@@ -702,7 +710,10 @@ mod tests {
         let second = chunk(&mut scan, 10, true, &mut finished).await.unwrap();
         assert_eq!(second.as_deref(), Some(r#"[["k2",2],["k3",3],["k4",4]]"#));
         assert!(finished);
-        assert_eq!(chunk(&mut scan, 10, true, &mut finished).await.unwrap(), None);
+        assert_eq!(
+            chunk(&mut scan, 10, true, &mut finished).await.unwrap(),
+            None
+        );
     }
 
     #[tokio::test]
@@ -711,8 +722,13 @@ mod tests {
             vec![Ok(json!(1)), Err(ContextError::AttemptEnded)];
         let mut scan = stream::iter(items);
         let mut finished = false;
-        let error = chunk(&mut scan, 10, false, &mut finished).await.unwrap_err();
+        let error = chunk(&mut scan, 10, false, &mut finished)
+            .await
+            .unwrap_err();
         assert!(matches!(error, ContextError::AttemptEnded));
-        assert_eq!(chunk(&mut scan, 10, false, &mut finished).await.unwrap(), None);
+        assert_eq!(
+            chunk(&mut scan, 10, false, &mut finished).await.unwrap(),
+            None
+        );
     }
 }

@@ -308,11 +308,30 @@ const KIND_CODES = { value: 0, map: 1, deque: 2 };
 
 /** A state error from the addon keeps its class; anything else it throws is a bad argument. */
 function stateError(error) {
+  if (isStateError(error)) return error;
   const translated = translate(error);
   if (translated !== error) return translated;
   const result = new TransientStateError(error instanceof Error ? error.message : String(error));
   result.code = "ERR_PROSODY_STATE";
   return result;
+}
+
+function rethrowState(error) {
+  throw stateError(error);
+}
+
+/**
+ * One operation on a Rust handle: its promise, with `then` applied to the result and errors
+ * turned into state errors. Plain promise chaining, no async wrapper: this is the per-call cost.
+ */
+function stateOp(operation, then) {
+  let promise;
+  try {
+    promise = operation();
+  } catch (error) {
+    return Promise.reject(stateError(error));
+  }
+  return then === undefined ? promise.catch(rethrowState) : promise.then(then, rethrowState);
 }
 
 async function stateCall(operation) {
@@ -341,6 +360,7 @@ const JSON_CODEC = {
     return text === undefined ? "null" : text;
   },
   decode: (item) => item,
+  decodeText: (text) => (text === null ? undefined : JSON.parse(text)),
 };
 
 // Message collections store the record's reference and reload it from Kafka on read.
@@ -349,18 +369,12 @@ const MESSAGE_CODEC = {
     if (message === null || typeof message !== "object") return "null";
     return JSON.stringify([message.topic, message.partition, message.offset]);
   },
-  decode: ([topic, partition, offset, timestamp, key, payload]) => ({
-    topic,
-    partition,
-    offset,
-    timestamp: new Date(timestamp),
-    key,
-    payload,
-  }),
+  decode: decodeMessage,
+  decodeText: (text) => (text === null ? undefined : decodeMessage(JSON.parse(text))),
 };
 
-function decodeText(codec, text) {
-  return text === null ? undefined : codec.decode(JSON.parse(text));
+function decodeMessage([topic, partition, offset, timestamp, key, payload]) {
+  return { topic, partition, offset, timestamp: new Date(timestamp), key, payload };
 }
 
 const SCAN_ENTRIES = 0;
@@ -434,8 +448,15 @@ class StateIterator {
   }
 }
 
-function direction(value) {
-  return value === undefined ? "forward" : String(value);
+/** A lazy scan of a Rust handle; a bad direction throws here, as the scan is opened. */
+function scan(handle, what, direction, decode) {
+  let cursor;
+  try {
+    cursor = handle.scan(what, direction === undefined ? "forward" : String(direction));
+  } catch (error) {
+    throw stateError(error);
+  }
+  return new StateIterator(cursor, decode);
 }
 
 // Where a handle keeps its Rust handle and codec (symbols keep them off the public surface).
@@ -450,129 +471,111 @@ class StagedHandle {
   }
 
   /** Makes this collection's pending writes durable now; a later failure keeps them. */
-  async commit() {
-    await stateCall(() => this[NATIVE].commit());
+  commit() {
+    return stateOp(() => this[NATIVE].commit());
   }
 
   /** Drops this collection's pending writes since its last commit. */
-  async rollback() {
-    await stateCall(() => this[NATIVE].rollback());
+  rollback() {
+    return stateOp(() => this[NATIVE].rollback());
   }
 }
 
 /** A value collection of the current key. */
 class ValueStateHandle extends StagedHandle {
-  async get() {
-    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].get(null)));
+  get() {
+    return stateOp(() => this[NATIVE].get(null), this[CODEC].decodeText);
   }
 
-  async set(item) {
-    const text = this[CODEC].encode(item);
-    await stateCall(() => this[NATIVE].set(null, text));
+  set(item) {
+    return stateOp(() => this[NATIVE].set(null, this[CODEC].encode(item)));
   }
 
-  async clear() {
-    await stateCall(() => this[NATIVE].clear());
+  clear() {
+    return stateOp(() => this[NATIVE].clear());
   }
 }
 
 /** A string-keyed ordered map of the current key. */
 class MapStateHandle extends StagedHandle {
-  async get(key) {
-    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].get(key)));
+  get(key) {
+    return stateOp(() => this[NATIVE].get(key), this[CODEC].decodeText);
   }
 
-  async getMany(keys) {
-    const items = JSON.parse(await stateCall(() => this[NATIVE].getMany(keys)));
+  getMany(keys) {
     const { decode } = this[CODEC];
-    return items.map((item) => (item === null ? undefined : decode(item)));
+    return stateOp(
+      () => this[NATIVE].getMany(keys),
+      (text) => JSON.parse(text).map((item) => (item === null ? undefined : decode(item))),
+    );
   }
 
-  async has(key) {
-    return stateCall(() => this[NATIVE].has(key));
+  has(key) {
+    return stateOp(() => this[NATIVE].has(key));
   }
 
-  async set(key, item) {
-    const text = this[CODEC].encode(item);
-    await stateCall(() => this[NATIVE].set(key, text));
+  set(key, item) {
+    return stateOp(() => this[NATIVE].set(key, this[CODEC].encode(item)));
   }
 
-  async delete(key) {
-    return stateCall(() => this[NATIVE].delete(key));
+  delete(key) {
+    return stateOp(() => this[NATIVE].delete(key));
   }
 
-  async clear() {
-    await stateCall(() => this[NATIVE].clear());
+  clear() {
+    return stateOp(() => this[NATIVE].clear());
   }
 
   entries(scanDirection) {
     const { decode } = this[CODEC];
-    return this.#scan(SCAN_ENTRIES, scanDirection, ([key, item]) => [key, decode(item)]);
+    return scan(this[NATIVE], SCAN_ENTRIES, scanDirection, ([key, item]) => [key, decode(item)]);
   }
 
   keys(scanDirection) {
-    return this.#scan(SCAN_KEYS, scanDirection, (key) => key);
+    return scan(this[NATIVE], SCAN_KEYS, scanDirection, (key) => key);
   }
 
   values(scanDirection) {
-    return this.#scan(SCAN_VALUES, scanDirection, this[CODEC].decode);
-  }
-
-  #scan(what, scanDirection, decode) {
-    let cursor;
-    try {
-      cursor = this[NATIVE].scan(what, direction(scanDirection));
-    } catch (error) {
-      throw stateError(error);
-    }
-    return new StateIterator(cursor, decode);
+    return scan(this[NATIVE], SCAN_VALUES, scanDirection, this[CODEC].decode);
   }
 }
 
 /** A double-ended queue of the current key. */
 class DequeStateHandle extends StagedHandle {
-  async push(item) {
-    const text = this[CODEC].encode(item);
-    await stateCall(() => this[NATIVE].insert(true, text));
+  push(item) {
+    return stateOp(() => this[NATIVE].insert(true, this[CODEC].encode(item)));
   }
 
-  async unshift(item) {
-    const text = this[CODEC].encode(item);
-    await stateCall(() => this[NATIVE].insert(false, text));
+  unshift(item) {
+    return stateOp(() => this[NATIVE].insert(false, this[CODEC].encode(item)));
   }
 
-  async pop() {
-    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].remove(true)));
+  pop() {
+    return stateOp(() => this[NATIVE].remove(true), this[CODEC].decodeText);
   }
 
-  async shift() {
-    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].remove(false)));
+  shift() {
+    return stateOp(() => this[NATIVE].remove(false), this[CODEC].decodeText);
   }
 
-  async at(index) {
-    return decodeText(this[CODEC], await stateCall(() => this[NATIVE].at(index)));
+  at(index) {
+    return stateOp(() => this[NATIVE].at(index), this[CODEC].decodeText);
   }
 
-  async length() {
-    return stateCall(() => this[NATIVE].length());
+  length() {
+    return stateOp(() => this[NATIVE].length());
   }
 
-  async isEmpty() {
-    return stateCall(() => this[NATIVE].isEmpty());
+  isEmpty() {
+    return stateOp(() => this[NATIVE].isEmpty());
   }
 
   values(scanDirection) {
-    let cursor;
-    try {
-      cursor = this[NATIVE].scan(SCAN_VALUES, direction(scanDirection));
-    } catch (error) {
-      throw stateError(error);
-    }
-    return new StateIterator(cursor, this[CODEC].decode);
+    return scan(this[NATIVE], SCAN_VALUES, scanDirection, this[CODEC].decode);
   }
 
-  async clear() {
-    await stateCall(() => this[NATIVE].clear());
+  clear() {
+    return stateOp(() => this[NATIVE].clear());
   }
 }
 

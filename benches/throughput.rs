@@ -40,7 +40,7 @@ use async_trait::async_trait;
 use prosody::api::{
     EventContext, EventHandler, ExciseMessage, HandlerError, Message as ProsodyMessage, Timer,
 };
-use prosody::config::ProbePort;
+use prosody::config::{ProbePort, StorageBackend};
 use prosody::pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody::pipeline::consumer::{Engine, EngineLimits};
 use prosody::pipeline::dispatch::HandlerService;
@@ -407,7 +407,9 @@ fn client_options(bootstrap: &str, topic: &str, group: &str) -> ClientOptions {
         bootstrap_servers: Some(vec![bootstrap.to_owned()]),
         group_id: Some(group.to_owned()),
         subscribed_topics: Some(vec![topic.to_owned()]),
-        mock: Some(true),
+        // The real broker, memory storage, no telemetry topic.
+        storage_backend: Some(StorageBackend::Memory),
+        telemetry_enabled: Some(false),
         probe_port: Some(ProbePort::Disabled),
         ..ClientOptions::default()
     }

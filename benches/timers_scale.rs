@@ -34,7 +34,7 @@ use prosody::api::{
     EventContext, EventHandler, ExciseMessage, HandlerError, Key, Message, Partition, SlabId,
     SlabSize, StorageError, Timer, TimerKind, TimerTime,
 };
-use prosody::config::{ClientOptions, Config, ProbePort};
+use prosody::config::{ClientOptions, Config, ProbePort, StorageBackend};
 use prosody::{AdminClient, ProsodyClient};
 use serde_json::Value;
 use storage_memory::MemoryTimerStore;
@@ -429,7 +429,9 @@ async fn start(
         bootstrap_servers: Some(vec![bootstrap.to_owned()]),
         group_id: Some(group.to_owned()),
         subscribed_topics: Some(vec![topic.to_owned()]),
-        mock: Some(true),
+        // The real broker, memory storage, no telemetry topic.
+        storage_backend: Some(StorageBackend::Memory),
+        telemetry_enabled: Some(false),
         probe_port: Some(ProbePort::Disabled),
         ..ClientOptions::default()
     })?;

@@ -1,7 +1,6 @@
 //! Quickstart on the embedded default: no external services.
 //!
-//! `mock: true` without bootstrap servers starts librdkafka's in-process mock Kafka cluster and
-//! keeps storage in memory (mock mode creates the subscribed topic). The client subscribes a
+//! `mock: true` starts librdkafka's in-process mock Kafka cluster and keeps storage in memory (mock mode creates the subscribed topic). The client subscribes a
 //! handler, sends a few keyed JSON messages and an excise record, and prints what the handler
 //! receives: each key's events in order, different keys concurrently. Run with
 //! `cargo run --example quickstart`.

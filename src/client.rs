@@ -13,7 +13,9 @@ use prosody_pipeline::kafka::loader::{LoaderSettings, MessageLoader};
 use prosody_pipeline::kafka::mock::MockKafka;
 use prosody_pipeline::kafka::producer::{Delivery, Producer, ProducerConfig, SendOptions};
 use prosody_pipeline::middleware::dedup::DedupLayer;
-use prosody_pipeline::middleware::defer::{DeferLayer, DeferSettings, DeferSnapshot, DeferStatus};
+use prosody_pipeline::middleware::defer::{
+    DeferLayer, DeferSettings, DeferSnapshot, DeferStatus, NewFailures,
+};
 use prosody_pipeline::middleware::failure_policy::Destination;
 use prosody_pipeline::middleware::monopolization::{
     MonopolizationLayer, MonopolizationSettings, MonopolizationStatus,
@@ -105,8 +107,8 @@ impl ProsodyClient {
         Self::new(Config::from_options(options)?).await
     }
 
-    /// Creates a client from a resolved configuration. In mock mode with no bootstrap servers
-    /// it starts librdkafka's in-process mock cluster.
+    /// Creates a client from a resolved configuration. In mock mode it starts librdkafka's
+    /// in-process mock cluster (any bootstrap servers are ignored).
     ///
     /// Every store (timers, deferred work, dedup, keyed state, published reads) comes from the
     /// configured storage backend (see [`crate::backend`]). With the memory backend (and in
@@ -159,7 +161,13 @@ impl ProsodyClient {
     ) -> Result<Self, ClientError> {
         let collections = configured_collections(&config)?;
         telemetry::init_tracing(&config.telemetry.log_filter);
-        let mock = if config.kafka.mock && config.kafka.bootstrap_servers.is_empty() {
+        // Mock mode never needs a broker (FEATURES.md section 8, and the seed's Quick Start
+        // sets bootstrapServers beside mock: true): the in-process cluster replaces any servers.
+        let mock = if config.kafka.mock {
+            if !config.kafka.bootstrap_servers.is_empty() {
+                info!(ignored = ?config.kafka.bootstrap_servers,
+                    "mock mode: using the in-process Kafka cluster, not bootstrapServers");
+            }
             let mock = MockKafka::start(1).map_err(ClientError::kafka)?;
             // The in-process cluster starts empty and has no admin API: create the topics the
             // client subscribes to, so mock mode needs no setup (sending auto-creates others).
@@ -617,7 +625,7 @@ impl ProsodyClient {
         }
     }
 
-    /// Adds the pipeline mode's defer and monopolization layers (each when enabled) to `stack`.
+    /// Adds the pipeline mode's defer layer and (when enabled) monopolization layer to `stack`.
     fn pipeline_layers(
         &self,
         stack: &mut StackSettings,
@@ -626,28 +634,31 @@ impl ProsodyClient {
         loader: &SharedLoader,
     ) -> Result<(), ClientError> {
         let config = &self.inner.config;
-        let mut defer_status = None;
-        if config.defer.enabled {
-            let loader = self.message_loader(loader)?;
-            let settings = DeferSettings {
-                base: config.defer.base,
-                max_delay: config.defer.max_delay,
-                failure_threshold: config.defer.failure_threshold,
-                failure_window: config.defer.failure_window,
-                min_samples: DEFER_MIN_SAMPLES,
-                cache_size: config.defer.store_cache_size.get() as u64,
-            };
-            let status = DeferStatus::new(&settings);
-            defer_status = Some(status.clone());
-            stack.defer = Some(Box::new(DeferLayer {
-                settings,
-                store: backend.defer.clone(),
-                timers: timers.clone(),
-                loader,
-                status,
-                give_up: stack.failures.clone(),
-            }));
-        }
+        // The layer is there even with deferEnabled off: work deferred by an earlier run still
+        // has to be retried (and later records of its key queue behind it), or it is lost.
+        let settings = DeferSettings {
+            new_failures: if config.defer.enabled {
+                NewFailures::Defer
+            } else {
+                NewFailures::RetryInPlace
+            },
+            base: config.defer.base,
+            max_delay: config.defer.max_delay,
+            failure_threshold: config.defer.failure_threshold,
+            failure_window: config.defer.failure_window,
+            min_samples: DEFER_MIN_SAMPLES,
+            cache_size: config.defer.store_cache_size.get() as u64,
+        };
+        let status = DeferStatus::new(&settings);
+        let defer_status = Some(status.clone());
+        stack.defer = Some(Box::new(DeferLayer {
+            settings,
+            store: backend.defer.clone(),
+            timers: timers.clone(),
+            loader: self.message_loader(loader)?,
+            status,
+            give_up: stack.failures.clone(),
+        }));
         let mut monopolization_status = None;
         if config.monopolization.enabled {
             let status = MonopolizationStatus::default();
@@ -666,7 +677,8 @@ impl ProsodyClient {
     }
 
     /// The defer layer's state (is deferral on, the failure rate, counters) while subscribed
-    /// in pipeline mode with `deferEnabled`; `None` otherwise.
+    /// in pipeline mode (with `deferEnabled` off, `deferring` is false and the counters show
+    /// the stored work still being retried); `None` otherwise.
     #[must_use]
     pub fn defer_status(&self) -> Option<DeferSnapshot> {
         self.inner

@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::harness;
 use prosody::config::{ClientOptions, StorageBackend};
 use prosody::{ClientError, ProsodyClient};
 
@@ -116,4 +117,37 @@ async fn mock_mode_keeps_everything_in_memory() {
     assert_eq!(client.config().storage.backend, StorageBackend::Memory);
     assert!(format!("{:?}", client.state_store().unwrap()).starts_with("MemoryStateStore"));
     client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn mock_mode_needs_no_broker_even_when_bootstrap_servers_are_set() {
+    // Nothing listens on port 1: a client that tried these servers would never get its topic.
+    let unreachable = "127.0.0.1:1".to_owned();
+    let topic = "mock_orders";
+    let client = ProsodyClient::from_options(ClientOptions {
+        mock: Some(true),
+        bootstrap_servers: Some(vec![unreachable.clone()]),
+        group_id: Some("mock_servers".to_owned()),
+        source_system: Some("mock_servers-sender".to_owned()),
+        subscribed_topics: Some(vec![topic.to_owned()]),
+        probe_port: Some(prosody::config::ProbePort::Disabled),
+        ..ClientOptions::default()
+    })
+    .await
+    .expect("client");
+    assert_ne!(client.bootstrap_servers(), unreachable);
+    let recorder = harness::Recorder::new();
+    client
+        .subscribe(recorder.handler("mock", harness::Behaviour::default()))
+        .await
+        .expect("subscribe");
+    client
+        .send(topic, "customer-1", &serde_json::json!({"n": 1}))
+        .await
+        .expect("send to the in-process cluster");
+    recorder
+        .wait_for(1, std::time::Duration::from_secs(30))
+        .await;
+    assert_eq!(recorder.handled()[0].key, "customer-1");
+    client.shutdown().await.expect("shutdown");
 }

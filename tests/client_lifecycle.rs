@@ -263,3 +263,60 @@ async fn regex_subscription_covers_matching_topics() {
     assert_eq!(keys, BTreeSet::from(["k1".to_owned(), "k2".to_owned()]));
     client.shutdown().await.expect("shutdown");
 }
+
+/// A client dropped without `shutdown`, after the runtime it ran on is gone, with a handler
+/// still running: its poll thread must not wait on that runtime (it used to panic there), and
+/// what was handled commits; the running record is left for the next owner.
+#[test]
+fn a_client_dropped_after_its_runtime_commits_what_was_done_and_leaves() {
+    let topic = common::unique_name("abandoned");
+    let group = common::unique_name("abandoned_group");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime.block_on(async {
+        harness::create_topic(&topic, 1).await;
+        let client = client(ClientOptions {
+            // Only the abandoning thread can commit within this test.
+            commit_interval_ms: Some(Duration::from_secs(600)),
+            ..harness::options(&topic, &group)
+        })
+        .await;
+        let recorder = Recorder::new();
+        // Ten records finish; the eleventh (same key) is still running when everything drops,
+        // so a graceful drain would have to wait on the runtime.
+        let behaviour = Behaviour {
+            gate: Some(Arc::new(Semaphore::new(10))),
+            ..Behaviour::default()
+        };
+        client
+            .subscribe(recorder.handler("abandoned", behaviour))
+            .await
+            .expect("subscribe");
+        harness::produce(&client, &topic, 11, 1).await;
+        recorder.wait_for(10, Duration::from_secs(60)).await;
+        harness::until(
+            Duration::from_secs(60),
+            "the eleventh handler running",
+            || recorder.running() == 1,
+        )
+        .await;
+        client
+    });
+    drop(runtime);
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let committed = common::kafka_read::committed(&group, &topic, 1);
+        if committed == [10] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "committed {committed:?}, expected [10]"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use common::{harness, kafka_read};
+use common::harness::{self, until};
+use common::kafka_read;
 use parking_lot::Mutex;
 use prosody::ProsodyClient;
 use prosody::api::storage::PartitionScope;
@@ -188,14 +189,6 @@ async fn setup(
 
 /// Waits (at most `within`) for `condition` on the client's state, checking every 50 ms: the
 /// gate's switching is state, not an event a test can subscribe to.
-async fn until(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !condition() {
-        assert!(Instant::now() < deadline, "{what} within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn in_order(done: &[Done]) -> Vec<u64> {
     done.iter().map(|d| d.seq).collect()
 }

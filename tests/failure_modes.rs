@@ -152,3 +152,92 @@ async fn best_effort_never_retries_and_writes_nothing() {
         "best-effort logs failures, even with a failure topic configured"
     );
 }
+
+/// Creates `topic` (1 partition) that accepts records of at most `max_bytes`.
+async fn create_small_record_topic(topic: &str, max_bytes: usize) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", common::bootstrap_servers())
+        .create()
+        .expect("admin");
+    let max_bytes = max_bytes.to_string();
+    let new_topic =
+        NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &max_bytes);
+    let results = admin
+        .create_topics([&new_topic], &AdminOptions::new())
+        .await
+        .expect("create topics");
+    for result in results {
+        result.expect("topic created");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_topic_that_refuses_records_holds_the_offset_until_it_takes_them() {
+    let topic = common::unique_name("modes_refused");
+    let group = common::unique_name("modes_group");
+    harness::create_topic(&topic, 1).await;
+    // Not created yet: the broker does not auto-create topics.
+    let failure_topic = format!("{topic}_failures");
+    let client = ProsodyClient::from_options(ClientOptions {
+        failure_topic: Some(failure_topic.clone()),
+        defer_enabled: Some(false),
+        send_timeout_ms: Some(Duration::from_secs(2)),
+        retry_base_ms: Some(Duration::from_millis(10)),
+        max_retry_delay_ms: Some(Duration::from_millis(200)),
+        ..harness::options(&topic, &group)
+    })
+    .await
+    .expect("client");
+    let sender = ProsodyClient::from_options(ClientOptions {
+        subscribed_topics: None,
+        ..harness::options(&topic, &common::unique_name("modes_sender"))
+    })
+    .await
+    .expect("sender");
+    // Too large for the failure topic created below (2 KiB against 1 KiB).
+    let big = json!({"fail": "permanent", "padding": "x".repeat(2048)});
+    sender.send(&topic, "p", &big).await.expect("send");
+    sender.send(&topic, "ok", &json!({})).await.expect("send");
+    let script = Script::new();
+    client.subscribe(script.handler()).await.expect("subscribe");
+
+    // `ok` is handled, but `p` has no failure record yet, so nothing commits past it.
+    script.wait_for(1, Duration::from_secs(60)).await;
+    assert_eq!(script.handled_keys(), ["ok"]);
+    // Absence cannot be awaited: give the 100 ms commit interval ten turns to go wrong.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        kafka_read::committed(&group, &topic, 1),
+        [0],
+        "nothing past p"
+    );
+    assert_eq!(
+        script.attempts("p"),
+        1,
+        "a permanent failure is not retried"
+    );
+
+    // The failure topic appears, refuses the 2 KiB value, takes the record without it.
+    create_small_record_topic(&failure_topic, 1024).await;
+    kafka_read::until_committed(&group, &topic, &[2], Duration::from_secs(60)).await;
+    let records = kafka_read::read_all(&failure_topic, 1);
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record = &records[0];
+    assert_eq!(record.key.as_deref(), Some(b"p".as_slice()));
+    assert_eq!(
+        record.value.as_deref(),
+        Some(b"".as_slice()),
+        "value left out, not null"
+    );
+    assert_eq!(record.header("prosody-original-offset"), "0");
+    assert_eq!(record.header("prosody-original-topic"), topic);
+    assert!(
+        record.header("prosody-value-omitted").contains("too large")
+            || record.header("prosody-value-omitted").contains("TooLarge"),
+        "{record:?}"
+    );
+    client.shutdown().await.expect("shutdown");
+    sender.shutdown().await.expect("shutdown");
+}

@@ -45,8 +45,8 @@
 //!
 //! # Rules beyond single values
 //!
-//! * `bootstrapServers` is required unless `mock` is true; mock with no servers means
-//!   librdkafka's in-process mock cluster.
+//! * `bootstrapServers` is required unless `mock` is true; mock means librdkafka's in-process
+//!   mock cluster, whatever the servers say.
 //! * `groupId` is always required, even for a client that never subscribes: it is the default
 //!   `sourceSystem` stamped on every produced message. `sourceSystem` defaults to it.
 //! * `subscribedTopics` may be empty (a client that only sends, requests or reads published

@@ -102,7 +102,8 @@ pub struct ClientOptions {
     pub timer_spans: Option<SpanRelation>,
 
     // Defer.
-    /// Defer transiently failing messages (pipeline mode).
+    /// Defer transiently failing messages (pipeline mode). Off, new failures block their key;
+    /// work deferred earlier is still retried.
     pub defer_enabled: Option<bool>,
     /// First deferred-retry delay.
     #[serde(default, deserialize_with = "value::opt_millis")]

@@ -131,7 +131,7 @@ pub struct DedupConfig {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DeferConfig {
-    /// Whether new failures are deferred.
+    /// Whether new failures are deferred (work deferred earlier is retried either way).
     pub enabled: bool,
     /// First deferred-retry delay (> 0).
     pub base: Duration,

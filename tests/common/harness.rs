@@ -224,7 +224,11 @@ pub fn options(topic: &str, group: &str) -> ClientOptions {
             // default) those records would be skipped by loop prevention.
             source_system: Some(format!("{group}-test-sender")),
             subscribed_topics: Some(vec![topic.to_owned()]),
-            mock: Some(true),
+            // The real broker, memory storage unless the run asks for another backend, no
+            // telemetry topic (suites that test telemetry turn it on).
+            mock: Some(false),
+            storage_backend: Some(StorageBackend::Memory),
+            telemetry_enabled: Some(false),
             probe_port: Some(ProbePort::Disabled),
             commit_interval_ms: Some(Duration::from_millis(100)),
             // The product default (1 s) is tight for the first sends of a fresh producer on a
@@ -332,4 +336,13 @@ pub async fn produce(client: &ProsodyClient, topic: &str, count: usize, keys: us
         failures.len(),
         failures.first()
     );
+}
+
+/// Polls `condition` until it holds (at most `within`): for state with no event to await.
+pub async fn until(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

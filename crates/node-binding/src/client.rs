@@ -58,13 +58,7 @@ pub async fn create_client(options: String) -> napi::Result<NativeClient> {
         )
     })?;
     let options = ClientOptions::from_json_value(value).map_err(|error| config_error(&error))?;
-    let mut config = Config::from_options(options).map_err(|error| config_error(&error))?;
-    if config.kafka.mock {
-        // The package's contract (README 0.4.0/0.5.1: "mock: use in-memory Kafka") is that mock
-        // mode never needs a broker, even when bootstrapServers is also set, as in the README's
-        // own mock example: start the in-process cluster instead.
-        config.kafka.bootstrap_servers.clear();
-    }
+    let config = Config::from_options(options).map_err(|error| config_error(&error))?;
     let client = ProsodyClient::new(config)
         .await
         .map_err(|error| client_error(&error))?;

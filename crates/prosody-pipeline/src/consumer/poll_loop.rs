@@ -11,9 +11,15 @@
 //! stopped. Pausing through librdkafka's pause API instead would discard the prefetched
 //! records on every pause and fetch them again on resume, which under steady backpressure
 //! costs a broker round trip per few dozen records.
+//!
+//! Stopping comes in two kinds. [`PollLoop::stop`] drains: running handlers finish (within the
+//! engine's shutdown timeout) and their offsets commit. Dropping the loop without stopping it
+//! abandons: the thread commits what is already done and leaves the group without waiting on
+//! the async runtime, which may itself be shutting down (a client dropped with its runtime);
+//! whatever was still running is redelivered to the next owner.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,6 +52,41 @@ const PREFETCH_KBYTES_PER_PARTITION: &str = "4096";
 /// librdkafka's prefetch target per partition queue, in records (`queued.min.messages`).
 const PREFETCH_RECORDS_PER_PARTITION: &str = "10000";
 
+/// What the poll thread has been asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Request {
+    Poll = 0,
+    /// Stop after draining every partition (graceful).
+    Drain = 1,
+    /// Stop now: commit what is done, wait on nothing (the loop was dropped).
+    Abandon = 2,
+}
+
+/// The [`Request`] shared by the loop's owner, its thread and the rebalance callback.
+#[derive(Debug, Default)]
+struct Requests(AtomicU8);
+
+impl Requests {
+    fn get(&self) -> Request {
+        match self.0.load(Ordering::SeqCst) {
+            0 => Request::Poll,
+            1 => Request::Drain,
+            _ => Request::Abandon,
+        }
+    }
+
+    /// Asks for `request` unless a stop was asked already: the first stop request wins.
+    fn ask(&self, request: Request) {
+        let _ = self.0.compare_exchange(
+            Request::Poll as u8,
+            request as u8,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+}
+
 /// What the poll loop needs to know about Kafka.
 #[derive(Clone, Debug)]
 pub struct PollSettings {
@@ -72,6 +113,7 @@ type Queue = PartitionQueue<RebalanceContext>;
 struct RebalanceContext {
     engine: Engine,
     runtime: Handle,
+    requests: Arc<Requests>,
     wakeup: Arc<Wakeup>,
     /// The consumer itself, to split partition queues from inside the callback. Weak: the
     /// consumer owns this context.
@@ -88,9 +130,15 @@ impl ConsumerContext for RebalanceContext {
         match rebalance {
             Rebalance::Revoke(list) => {
                 let partitions = partitions_of(list);
-                info!(?partitions, "partitions revoked: draining");
-                let offsets = self.runtime.block_on(self.engine.revoke(&partitions));
-                commit(consumer, &offsets, CommitMode::Sync);
+                if self.requests.get() == Request::Abandon {
+                    // Closing an abandoned consumer: the runtime may be gone, so no draining.
+                    info!(?partitions, "partitions revoked: abandoned, committing what is done");
+                    commit(consumer, &done_offsets(&self.engine, &partitions), CommitMode::Sync);
+                } else {
+                    info!(?partitions, "partitions revoked: draining");
+                    let offsets = self.runtime.block_on(self.engine.revoke(&partitions));
+                    commit(consumer, &offsets, CommitMode::Sync);
+                }
                 let mut queues = self.queues.lock();
                 for partition in &partitions {
                     queues.remove(partition);
@@ -147,7 +195,7 @@ impl FlowControl for QueueFlowControl {
 
 /// A running poll loop. Stop it with [`PollLoop::stop`]; dropping it stops it too.
 pub struct PollLoop {
-    stop: Arc<AtomicBool>,
+    requests: Arc<Requests>,
     wakeup: Arc<Wakeup>,
     thread: Option<JoinHandle<()>>,
 }
@@ -183,9 +231,11 @@ impl PollLoop {
             config.set(name, value);
         }
         let wakeup = flow.wakeup.clone();
+        let requests = Arc::new(Requests::default());
         let context = RebalanceContext {
             engine: engine.clone(),
             runtime,
+            requests: requests.clone(),
             wakeup: wakeup.clone(),
             consumer: OnceLock::new(),
             queues: Mutex::new(HashMap::new()),
@@ -201,19 +251,18 @@ impl PollLoop {
         let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
 
-        let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
             .name(format!("prosody-poll-{}", settings.group_id))
             .spawn({
-                let stop = stop.clone();
+                let requests = requests.clone();
                 let settings = settings.clone();
-                move || poll_until_stopped(&consumer, &engine, &settings, &stop)
+                move || poll_until_stopped(&consumer, &engine, &settings, &requests)
             })
             .map_err(|error| {
                 rdkafka::error::KafkaError::ClientCreation(format!("poll thread: {error}"))
             })?;
         Ok(Self {
-            stop,
+            requests,
             wakeup,
             thread: Some(thread),
         })
@@ -222,7 +271,7 @@ impl PollLoop {
     /// Stops polling, drains every partition (within the engine's shutdown timeout), commits,
     /// leaves the group, and waits for the thread to end.
     pub async fn stop(mut self) {
-        self.request_stop();
+        self.request(Request::Drain);
         if let Some(thread) = self.thread.take() {
             // The thread blocks on the engine's drain; wait for it off the async workers.
             let joined = tokio::task::spawn_blocking(move || thread.join()).await;
@@ -232,15 +281,16 @@ impl PollLoop {
         }
     }
 
-    fn request_stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+    fn request(&self, request: Request) {
+        self.requests.ask(request);
         self.wakeup.notify();
     }
 }
 
 impl Drop for PollLoop {
     fn drop(&mut self) {
-        self.request_stop();
+        // After `stop` this changes nothing: the first request wins.
+        self.request(Request::Abandon);
     }
 }
 
@@ -248,12 +298,12 @@ fn poll_until_stopped(
     consumer: &Arc<KafkaConsumer>,
     engine: &Engine,
     settings: &PollSettings,
-    stop: &AtomicBool,
+    requests: &Requests,
 ) {
     let context = consumer.context();
     let mut committed: HashMap<TopicPartition, Offset> = HashMap::new();
     let mut last_commit = Instant::now();
-    while !stop.load(Ordering::SeqCst) {
+    while requests.get() == Request::Poll {
         // The main queue serves rebalances and errors, and holds records fetched before their
         // partition's queue was split; those come first to keep each partition in order.
         let mut received = drain_main_queue(consumer, engine, &settings.decode);
@@ -275,7 +325,10 @@ fn poll_until_stopped(
         }
     }
     let partitions = engine.assigned();
-    let offsets = context.runtime.block_on(engine.revoke(&partitions));
+    let offsets = match requests.get() {
+        Request::Abandon => done_offsets(engine, &partitions),
+        _ => context.runtime.block_on(engine.revoke(&partitions)),
+    };
     commit(consumer, &offsets, CommitMode::Sync);
     // Partition queues hold the consumer: release them so it can close when dropped. Leaving
     // the group happens then: librdkafka's close runs the revoke callback once more, which
@@ -346,6 +399,15 @@ fn receive(engine: &Engine, record: &BorrowedMessage<'_>, limits: &DecodeLimits)
             engine.offer(&partition, Event::Rejected(Box::new(rejected)));
         }
     }
+}
+
+/// The committable offsets of `partitions` now, without waiting for anything.
+fn done_offsets(engine: &Engine, partitions: &[TopicPartition]) -> Vec<(TopicPartition, Offset)> {
+    engine
+        .committable()
+        .into_iter()
+        .filter(|(partition, _)| partitions.contains(partition))
+        .collect()
 }
 
 fn commit_changed(

@@ -62,6 +62,8 @@ const RATE_BUCKETS: u32 = 10;
 /// Limits and delays of the defer layer.
 #[derive(Clone, Copy, Debug)]
 pub struct DeferSettings {
+    /// Whether new failures are deferred (`deferEnabled`).
+    pub new_failures: NewFailures,
     /// Delay before the first deferred retry (`deferBaseMs`).
     pub base: Duration,
     /// Cap of the delay (`deferMaxDelayMs`).
@@ -75,6 +77,18 @@ pub struct DeferSettings {
     pub min_samples: u64,
     /// Keys whose deferred work is cached (`deferStoreCacheSize`).
     pub cache_size: u64,
+}
+
+/// What the layer does with a transient failure of a key that has no deferred work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewFailures {
+    /// Defer it while the failure-rate gate is open (`deferEnabled: true`).
+    Defer,
+    /// Leave it to the retry layer, which blocks the key (`deferEnabled: false`). Work that an
+    /// earlier run deferred is still retried when its timer fires, and later records of such a
+    /// key still queue behind it: turning deferral off never strands stored work or breaks a
+    /// key's order.
+    RetryInPlace,
 }
 
 impl DeferSettings {
@@ -185,6 +199,7 @@ pub struct DeferSnapshot {
 
 #[derive(Debug)]
 struct StatusInner {
+    new_failures: NewFailures,
     threshold: f64,
     min_samples: u64,
     rate: Mutex<FailureRate>,
@@ -207,10 +222,11 @@ impl DeferStatus {
     pub fn new(settings: &DeferSettings) -> Self {
         Self {
             inner: Arc::new(StatusInner {
+                new_failures: settings.new_failures,
                 threshold: settings.failure_threshold,
                 min_samples: settings.min_samples,
                 rate: Mutex::new(FailureRate::new(settings.failure_window)),
-                deferring: AtomicBool::new(true),
+                deferring: AtomicBool::new(settings.new_failures == NewFailures::Defer),
                 deferred: AtomicU64::new(0),
                 completed: AtomicU64::new(0),
                 dropped: AtomicU64::new(0),
@@ -242,6 +258,9 @@ impl DeferStatus {
     }
 
     fn update(&self, rate: &mut FailureRate) -> bool {
+        if self.inner.new_failures == NewFailures::RetryInPlace {
+            return false;
+        }
         let (failure_rate, samples) = rate.rate(Instant::now());
         let deferring = samples < self.inner.min_samples || failure_rate <= self.inner.threshold;
         let was = self.inner.deferring.swap(deferring, Ordering::SeqCst);
@@ -974,6 +993,7 @@ mod tests {
 
     fn fixture() -> Fixture {
         let settings = DeferSettings {
+            new_failures: NewFailures::Defer,
             base: Duration::from_secs(1),
             max_delay: Duration::from_secs(4),
             failure_threshold: 0.9,
@@ -1134,8 +1154,57 @@ mod tests {
         assert!(!closed.snapshot().deferring);
     }
 
+    #[tokio::test]
+    async fn with_deferral_off_stored_work_is_still_retried_and_new_failures_pass_up() {
+        let f = fixture();
+        // An earlier run (deferral on) deferred offset 1; offset 2 queued behind it.
+        f.inner.failing.store(true, Ordering::SeqCst);
+        f.layer.call(&at(message("k", json!({})), 1)).await.unwrap();
+        f.layer.call(&at(message("k", json!({})), 2)).await.unwrap();
+        let retry_at = f.retry_timers().await[0];
+
+        // This run has deferEnabled: false, on the same stores.
+        let off = DeferSettings {
+            new_failures: NewFailures::RetryInPlace,
+            ..f_settings()
+        };
+        let status = DeferStatus::new(&off);
+        assert!(!status.snapshot().deferring);
+        let layer = Box::new(DeferLayer {
+            settings: off,
+            store: Arc::new(f.store.clone()),
+            timers: f.timers.clone(),
+            loader: Arc::new(Reloader),
+            status: status.clone(),
+            give_up: Destination::Log,
+        })
+        .wrap(f.inner.clone());
+        // A later record of the deferred key still queues behind the stored work.
+        assert_eq!(
+            layer.call(&at(message("k", json!({})), 3)).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(f.deferred().await, (vec![1, 2, 3], vec![]));
+        // The stored retry timer fires: the work is retried, in order, and leaves the store.
+        f.inner.failing.store(false, Ordering::SeqCst);
+        assert_eq!(
+            layer.call(&fired(TimerKind::DeferRetry, retry_at)).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(f.seen(), ["m1", "m1", "m2", "m3"]);
+        assert_eq!(f.deferred().await, (vec![], vec![]));
+        assert_eq!(status.snapshot().completed, 3);
+        // A new failure of a key with nothing stored is not deferred: the retry layer has it.
+        f.inner.failing.store(true, Ordering::SeqCst);
+        let verdict = layer.call(&at(message("k", json!({})), 4)).await;
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
+        assert_eq!(f.deferred().await, (vec![], vec![]));
+        assert_eq!(status.snapshot().switched_off, 0, "not a gate decision");
+    }
+
     fn f_settings() -> DeferSettings {
         DeferSettings {
+            new_failures: NewFailures::Defer,
             base: Duration::from_secs(1),
             max_delay: Duration::from_secs(4),
             failure_threshold: 0.5,
@@ -1162,6 +1231,7 @@ mod tests {
     #[test]
     fn delays_double_from_base_to_the_cap() {
         let settings = DeferSettings {
+            new_failures: NewFailures::Defer,
             base: Duration::from_secs(1),
             max_delay: Duration::from_secs(10),
             failure_threshold: 0.9,
@@ -1177,6 +1247,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_gate_shuts_over_the_threshold_and_opens_when_the_window_forgets() {
         let settings = DeferSettings {
+            new_failures: NewFailures::Defer,
             base: Duration::from_secs(1),
             max_delay: Duration::from_secs(10),
             failure_threshold: 0.5,

@@ -6,11 +6,18 @@
 //! A failure-topic record keeps the original key and value and carries where the record came
 //! from, why it failed and after how many attempts, in the headers named by the constants
 //! below. A record rejected by the decoder gets attempt count 0 (no handler ever saw it).
+//!
+//! Nothing commits without its failure record: a failure topic that refuses records (missing,
+//! not writable) blocks the key, with an error in the log, until it accepts them. The one
+//! refusal that waiting cannot fix, a value too large for the failure topic, is answered by
+//! forwarding the record without its value (header [`VALUE_OMITTED_HEADER`]); the value stays
+//! readable at the original offset for as long as the source topic keeps it.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use prosody_api::ClassifyError;
+use rdkafka::types::RDKafkaErrorCode;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
@@ -31,14 +38,15 @@ pub const ORIGINAL_OFFSET_HEADER: &str = "prosody-original-offset";
 pub const ERROR_HEADER: &str = "prosody-error";
 /// Header: how many attempts were made (0: the record could not be decoded).
 pub const ATTEMPTS_HEADER: &str = "prosody-attempts";
+/// Header, present when the value was left out: why the failure topic refused it.
+pub const VALUE_OMITTED_HEADER: &str = "prosody-value-omitted";
 
 /// Where given-up work goes.
 #[derive(Clone, Debug)]
 pub enum Destination {
     /// Log it and move on.
     Log,
-    /// Write it to the failure topic, retrying transient send errors until it lands or the
-    /// work is cancelled.
+    /// Write it to the failure topic, retrying until it lands or the work is cancelled.
     FailureTopic {
         /// The failure topic.
         topic: String,
@@ -115,7 +123,7 @@ impl FailurePolicy {
 
 impl Destination {
     /// Sends a record the layers gave up on where the mode wants it: logged, or written to
-    /// the failure topic (transient send errors retried until it lands or `cancel` fires).
+    /// the failure topic (retried until it lands or `cancel` fires; see the module docs).
     /// Cancelled is the only failure: the record then stays uncommitted (or deferred).
     ///
     /// # Errors
@@ -138,23 +146,23 @@ impl Destination {
         };
         let (topic_of, partition) = event.source();
         let offset = event.offset().map_or(-1, |offset| offset.0);
-        let value = value(event);
-        let headers = [
+        let mut value = value(event);
+        let mut headers = vec![
             (ORIGINAL_TOPIC_HEADER, topic_of.to_string()),
             (ORIGINAL_PARTITION_HEADER, partition.0.to_string()),
             (ORIGINAL_OFFSET_HEADER, offset.to_string()),
             (ERROR_HEADER, failure.reason.clone()),
             (ATTEMPTS_HEADER, failure.attempt.to_string()),
         ];
-        let record = RawRecord {
-            key: raw_key(event),
-            value: value.as_deref(),
-            headers: &headers,
-        };
         let mut delays = retry.delays();
         loop {
+            let record = RawRecord {
+                key: raw_key(event),
+                value: value.as_deref(),
+                headers: &headers,
+            };
             let options = SendOptions::default().with_cancel(cancel.clone());
-            match producer.send_raw(topic, record, options).await {
+            let refusal = match producer.send_raw(topic, record, options).await {
                 Ok(delivery) => {
                     warn!(key = %event.key(), offset = ?event.offset(), attempts = failure.attempt,
                         reason = %failure.reason, failure_topic = %topic,
@@ -162,23 +170,43 @@ impl Destination {
                     return Ok(Value::Null);
                 }
                 Err(_) if cancel.is_cancelled() => return Err(Failure::cancelled(failure.attempt)),
-                Err(send) if send.is_permanent() => {
-                    error!(key = %event.key(), offset = ?event.offset(), reason = %failure.reason,
-                        error = %send, "the failure topic refused the record: committed without it");
-                    return Ok(Value::Null);
-                }
-                Err(send) => {
-                    let delay = delays.next().unwrap_or(retry.max_delay);
-                    warn!(key = %event.key(), offset = ?event.offset(), error = %send,
-                        retry_in = ?delay, "cannot write to the failure topic yet: retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = cancel.cancelled() => return Err(Failure::cancelled(failure.attempt)),
-                    }
-                }
+                Err(send) => send,
+            };
+            let too_large = refusal.kafka_code().is_some_and(is_size_refusal);
+            if too_large && value.as_ref().is_some_and(|value| !value.is_empty()) {
+                error!(key = %event.key(), offset = ?event.offset(), failure_topic = %topic,
+                    error = %refusal, "the failure topic refused the value: forwarding without it");
+                // Empty, not absent: a null value would read as an excise record.
+                value = Some(Vec::new());
+                headers.push((VALUE_OMITTED_HEADER, refusal.to_string()));
+                continue;
+            }
+            let delay = delays.next().unwrap_or(retry.max_delay);
+            if refusal.is_permanent() {
+                error!(key = %event.key(), offset = ?event.offset(), failure_topic = %topic,
+                    error = %refusal, retry_in = ?delay,
+                    "the failure topic refuses records (does it exist, may this client write \
+                     to it?): the key waits, nothing is committed without its failure record");
+            } else {
+                warn!(key = %event.key(), offset = ?event.offset(), error = %refusal,
+                    retry_in = ?delay, "cannot write to the failure topic yet: retrying");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = cancel.cancelled() => return Err(Failure::cancelled(failure.attempt)),
             }
         }
     }
+}
+
+/// Whether Kafka refused a record for its size.
+fn is_size_refusal(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::MessageBatchTooLarge
+    )
 }
 
 /// The value bytes to forward.

@@ -178,12 +178,44 @@ async fn send_batches(
         let results = futures::future::join_all(sends).await;
         let errors: Vec<_> = results.into_iter().filter_map(Result::err).collect();
         if let Some(first) = errors.first() {
-            failed.fetch_add(errors.len() as u64, Ordering::Relaxed);
-            warn!(count = errors.len(), error = %first, %topic, "lifecycle events not sent");
+            let before = failed.fetch_add(errors.len() as u64, Ordering::Relaxed);
+            // A missing telemetry topic fails every batch: log when the total crosses a power
+            // of two, so a lasting cause is said a few times rather than once per batch.
+            if crossed_power_of_two(before, before + errors.len() as u64) {
+                warn!(failed = before + errors.len() as u64, error = %first, %topic,
+                    "lifecycle events not sent (does the telemetry topic exist? \
+                     telemetryEnabled: false turns telemetry off)");
+            }
         }
         for done in flushes {
             let _ = done.send(());
         }
     }
     debug!("telemetry sink stopped");
+}
+
+/// Whether a power of two lies in `(before, after]`.
+fn crossed_power_of_two(before: u64, after: u64) -> bool {
+    after > before && (before == 0 || after.ilog2() > before.ilog2())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::crossed_power_of_two;
+
+    #[test]
+    fn failures_are_logged_when_their_total_crosses_a_power_of_two() {
+        let logged: Vec<u64> = (0..100_u64)
+            .filter(|before| crossed_power_of_two(*before, before + 1))
+            .map(|before| before + 1)
+            .collect();
+        assert_eq!(logged, [1, 2, 4, 8, 16, 32, 64]);
+        assert!(
+            crossed_power_of_two(0, 256),
+            "the first batch is always said"
+        );
+        assert!(crossed_power_of_two(300, 600));
+        assert!(!crossed_power_of_two(600, 900));
+        assert!(!crossed_power_of_two(5, 5));
+    }
 }

@@ -608,6 +608,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_owned_binder_binds_like_the_attempt_and_ends_with_it() {
+        let runtime = runtime(&[CollectionDefinition::value("v")]);
+        let attempt = runtime.attempt(Key::from("k"));
+        let binder = KeyedStateContext::owned_state(&attempt).unwrap();
+        binder.value("v").unwrap().set(json!(1)).await.unwrap();
+        assert_eq!(
+            attempt.value("v").unwrap().get().await.unwrap(),
+            Some(json!(1))
+        );
+        assert!(binder.deque("v").map(|_| ()).unwrap_err().is_permanent());
+        attempt.end();
+        assert!(matches!(
+            binder.value("v").map(|_| ()),
+            Err(ContextError::AttemptEnded)
+        ));
+    }
+
+    #[tokio::test]
     async fn unregistered_and_mismatched_collections_are_permanent() {
         let runtime = runtime(&[CollectionDefinition::value("v")]);
         let attempt = runtime.attempt(Key::from("k"));

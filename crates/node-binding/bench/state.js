@@ -63,7 +63,7 @@ async function main() {
   const client = await ProsodyClient.create({
     mock: true,
     groupId: `bench-${randomUUID().slice(0, 8)}`,
-    // Not the group id: the client skips records stamped with its group as source system.
+    // Not the group id (the default): records stamped with the group's own id are skipped.
     sourceSystem: `bench-source-${randomUUID().slice(0, 8)}`,
     subscribedTopics: "events",
     probePort: null,
@@ -87,8 +87,6 @@ async function main() {
     async onExcise() {},
     async onTimer() {},
   });
-  // Pending promises alone do not keep Node.js running.
-  const keepAlive = setInterval(() => {}, 1000);
   console.log(`${OPERATIONS} sequential operations per handler, ${KEYS} keys at once, mock mode`);
   for (const kind of Object.keys(KINDS)) {
     let done;
@@ -103,7 +101,6 @@ async function main() {
     const latency = run.latencies.reduce((a, b) => a + b, 0) / run.latencies.length / operations;
     console.log(`${kind.padEnd(26)} ${wallPerOp.toFixed(0).padStart(7)} ns/op (all keys)  ${latency.toFixed(0).padStart(7)} ns awaited in a handler`);
   }
-  clearInterval(keepAlive);
   await client.shutdown();
 }
 

@@ -163,12 +163,17 @@ interface StagedCollection {
   rollback(): Promise<void>;
 }
 
+/** One value. `undefined` means absent; `null`/`undefined` cannot be stored (use `clear()`). */
 export interface ValueState<T> extends StagedCollection {
   get(): Promise<T | undefined>;
   set(value: T): Promise<void>;
   clear(): Promise<void>;
 }
 
+/**
+ * A string-keyed ordered map. Scans are lazy and chunked, in key order (`"forward"`, the
+ * default) or reverse; a `for await` loop may stop early.
+ */
 export interface MapState<V> extends StagedCollection {
   get(key: string): Promise<V | undefined>;
   getMany(keys: readonly string[]): Promise<(V | undefined)[]>;
@@ -181,6 +186,7 @@ export interface MapState<V> extends StagedCollection {
   values(direction?: ScanDirection): AsyncIterableIterator<V>;
 }
 
+/** A double-ended queue; with a `capacity`, a push onto a full deque drops the oldest item. */
 export interface DequeState<T> extends StagedCollection {
   push(item: T): Promise<void>;
   unshift(item: T): Promise<void>;
@@ -234,7 +240,12 @@ export interface Context {
   /** The scheduled times of the current key, ascending. */
   scheduled(): Promise<Date[]>;
 
-  /** Binds a registered collection for the current attempt. */
+  /**
+   * Binds a registered collection for the current attempt. The handle (and its iterators) is
+   * valid until the handler settles; later use rejects with a `TransientStateError`. Throws a
+   * `PermanentStateError` when the name is not registered or is registered with another kind
+   * or payload.
+   */
   state<T>(definition: ValueDefinition<T>): ValueState<T>;
   state<V>(definition: MapDefinition<V>): MapState<V>;
   state<T>(definition: DequeDefinition<T>): DequeState<T>;

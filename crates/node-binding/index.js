@@ -283,11 +283,299 @@ class Context {
     return seconds.map((secs) => new Date(secs * 1000));
   }
 
+  /** Binds a registered collection for the current attempt (valid until the handler settles). */
   state(definition) {
     checkDefinition(definition);
-    throw new PermanentStateError(
-      `keyed-state collection \`${definition.name}\` is not available: this build of Prosody has no keyed-state runtime yet`,
+    const code = KIND_CODES[definition.kind] + (definition.payload === "message" ? 3 : 0);
+    let handle;
+    try {
+      handle = native.contextState(this.#id, code, definition.name);
+    } catch (error) {
+      throw stateError(error);
+    }
+    const codec = definition.payload === "message" ? MESSAGE_CODEC : JSON_CODEC;
+    if (definition.kind === "value") return new ValueStateHandle(handle, codec);
+    if (definition.kind === "map") return new MapStateHandle(handle, codec);
+    return new DequeStateHandle(handle, codec);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keyed-state handles: promise-returning methods and async iterators over the Rust handles.
+// Every operation is one call into the addon; items cross as JSON text.
+
+const KIND_CODES = { value: 0, map: 1, deque: 2 };
+
+/** A state error from the addon keeps its class; anything else it throws is a bad argument. */
+function stateError(error) {
+  if (isStateError(error)) return error;
+  const translated = translate(error);
+  if (translated !== error) return translated;
+  const result = new TransientStateError(error instanceof Error ? error.message : String(error));
+  result.code = "ERR_PROSODY_STATE";
+  return result;
+}
+
+function rethrowState(error) {
+  throw stateError(error);
+}
+
+/**
+ * One operation on a Rust handle: its promise, with `then` applied to the result and errors
+ * turned into state errors. Plain promise chaining, no async wrapper: this is the per-call cost.
+ */
+function stateOp(operation, then) {
+  let promise;
+  try {
+    promise = operation();
+  } catch (error) {
+    return Promise.reject(stateError(error));
+  }
+  return then === undefined ? promise.catch(rethrowState) : promise.then(then, rethrowState);
+}
+
+async function stateCall(operation) {
+  try {
+    return await operation();
+  } catch (error) {
+    throw stateError(error);
+  }
+}
+
+function badItem(error) {
+  const result = new TransientStateError(`a keyed-state item must be JSON-compatible: ${describeError(error)}`);
+  result.code = "ERR_PROSODY_STATE";
+  return result;
+}
+
+// `undefined` is sent as null, which Rust rejects: null and undefined mean absence.
+const JSON_CODEC = {
+  encode(item) {
+    let text;
+    try {
+      text = JSON.stringify(item);
+    } catch (error) {
+      throw badItem(error);
+    }
+    return text === undefined ? "null" : text;
+  },
+  decode: (item) => item,
+  decodeText: (text) => (text === null ? undefined : JSON.parse(text)),
+};
+
+// Message collections store the record's reference and reload it from Kafka on read.
+const MESSAGE_CODEC = {
+  encode(message) {
+    if (message === null || typeof message !== "object") return "null";
+    return JSON.stringify([message.topic, message.partition, message.offset]);
+  },
+  decode: decodeMessage,
+  decodeText: (text) => (text === null ? undefined : decodeMessage(JSON.parse(text))),
+};
+
+function decodeMessage([topic, partition, offset, timestamp, key, payload]) {
+  return { topic, partition, offset, timestamp: new Date(timestamp), key, payload };
+}
+
+const SCAN_ENTRIES = 0;
+const SCAN_KEYS = 1;
+const SCAN_VALUES = 2;
+// Chunks grow from small (a loop that stops early reads little) to large (a long scan makes
+// few calls).
+const FIRST_CHUNK = 16;
+const LARGEST_CHUNK = 1024;
+
+/** An async iterator over a Rust scan cursor; `return()` (an early `break`) closes it. */
+class StateIterator {
+  #cursor;
+  #decode;
+  #buffer = [];
+  #index = 0;
+  #chunk = FIRST_CHUNK;
+  #done = false;
+  #pending = Promise.resolve();
+
+  constructor(cursor, decode) {
+    this.#cursor = cursor;
+    this.#decode = decode;
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+
+  next() {
+    // Calls queue so that concurrent next() calls see items in order.
+    const step = this.#pending.then(() => this.#step());
+    this.#pending = step.then(
+      () => undefined,
+      () => undefined,
     );
+    return step;
+  }
+
+  async #step() {
+    if (this.#index >= this.#buffer.length) {
+      if (this.#done) return { value: undefined, done: true };
+      let text;
+      try {
+        text = await stateCall(() => this.#cursor.next(this.#chunk));
+      } catch (error) {
+        this.#finish();
+        throw error;
+      }
+      if (text === null) {
+        this.#finish();
+        return { value: undefined, done: true };
+      }
+      this.#buffer = JSON.parse(text);
+      this.#index = 0;
+      this.#chunk = Math.min(this.#chunk * 4, LARGEST_CHUNK);
+    }
+    return { value: this.#decode(this.#buffer[this.#index++]), done: false };
+  }
+
+  #finish() {
+    this.#done = true;
+    this.#buffer = [];
+    this.#index = 0;
+    this.#cursor.close();
+  }
+
+  async return(value) {
+    this.#finish();
+    return { value, done: true };
+  }
+}
+
+/** A lazy scan of a Rust handle; a bad direction throws here, as the scan is opened. */
+function scan(handle, what, direction, decode) {
+  let cursor;
+  try {
+    cursor = handle.scan(what, direction === undefined ? "forward" : String(direction));
+  } catch (error) {
+    throw stateError(error);
+  }
+  return new StateIterator(cursor, decode);
+}
+
+// Where a handle keeps its Rust handle and codec (symbols keep them off the public surface).
+const NATIVE = Symbol("native");
+const CODEC = Symbol("codec");
+
+/** Transaction control shared by every handle. */
+class StagedHandle {
+  constructor(handle, codec) {
+    Object.defineProperty(this, NATIVE, { value: handle });
+    Object.defineProperty(this, CODEC, { value: codec });
+  }
+
+  /** Makes this collection's pending writes durable now; a later failure keeps them. */
+  commit() {
+    return stateOp(() => this[NATIVE].commit());
+  }
+
+  /** Drops this collection's pending writes since its last commit. */
+  rollback() {
+    return stateOp(() => this[NATIVE].rollback());
+  }
+}
+
+/** A value collection of the current key. */
+class ValueStateHandle extends StagedHandle {
+  get() {
+    return stateOp(() => this[NATIVE].get(null), this[CODEC].decodeText);
+  }
+
+  set(item) {
+    return stateOp(() => this[NATIVE].set(null, this[CODEC].encode(item)));
+  }
+
+  clear() {
+    return stateOp(() => this[NATIVE].clear());
+  }
+}
+
+/** A string-keyed ordered map of the current key. */
+class MapStateHandle extends StagedHandle {
+  get(key) {
+    return stateOp(() => this[NATIVE].get(key), this[CODEC].decodeText);
+  }
+
+  getMany(keys) {
+    const { decode } = this[CODEC];
+    return stateOp(
+      () => this[NATIVE].getMany(keys),
+      (text) => JSON.parse(text).map((item) => (item === null ? undefined : decode(item))),
+    );
+  }
+
+  has(key) {
+    return stateOp(() => this[NATIVE].has(key));
+  }
+
+  set(key, item) {
+    return stateOp(() => this[NATIVE].set(key, this[CODEC].encode(item)));
+  }
+
+  delete(key) {
+    return stateOp(() => this[NATIVE].delete(key));
+  }
+
+  clear() {
+    return stateOp(() => this[NATIVE].clear());
+  }
+
+  entries(scanDirection) {
+    const { decode } = this[CODEC];
+    return scan(this[NATIVE], SCAN_ENTRIES, scanDirection, ([key, item]) => [key, decode(item)]);
+  }
+
+  keys(scanDirection) {
+    return scan(this[NATIVE], SCAN_KEYS, scanDirection, (key) => key);
+  }
+
+  values(scanDirection) {
+    return scan(this[NATIVE], SCAN_VALUES, scanDirection, this[CODEC].decode);
+  }
+}
+
+/** A double-ended queue of the current key. */
+class DequeStateHandle extends StagedHandle {
+  push(item) {
+    return stateOp(() => this[NATIVE].insert(true, this[CODEC].encode(item)));
+  }
+
+  unshift(item) {
+    return stateOp(() => this[NATIVE].insert(false, this[CODEC].encode(item)));
+  }
+
+  pop() {
+    return stateOp(() => this[NATIVE].remove(true), this[CODEC].decodeText);
+  }
+
+  shift() {
+    return stateOp(() => this[NATIVE].remove(false), this[CODEC].decodeText);
+  }
+
+  at(index) {
+    return stateOp(() => this[NATIVE].at(index), this[CODEC].decodeText);
+  }
+
+  length() {
+    return stateOp(() => this[NATIVE].length());
+  }
+
+  isEmpty() {
+    return stateOp(() => this[NATIVE].isEmpty());
+  }
+
+  values(scanDirection) {
+    return scan(this[NATIVE], SCAN_VALUES, scanDirection, this[CODEC].decode);
+  }
+
+  clear() {
+    return stateOp(() => this[NATIVE].clear());
   }
 }
 
@@ -562,12 +850,19 @@ class AdminClient {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Keyed-state definitions (data only; the runtime is not in this build yet)
+// Keyed-state definitions: plain frozen data, validated by Rust when the client registers them.
 
 const KINDS = new Set(["value", "map", "deque"]);
+const PAYLOADS = new Set(["json", "message"]);
 
 function checkDefinition(definition) {
-  if (definition === null || typeof definition !== "object" || !KINDS.has(definition.kind)) {
+  if (
+    definition === null ||
+    typeof definition !== "object" ||
+    !KINDS.has(definition.kind) ||
+    !PAYLOADS.has(definition.payload) ||
+    typeof definition.name !== "string"
+  ) {
     throw new TypeError("expected a keyed-state definition made by value(), map(), deque() or message*()");
   }
 }

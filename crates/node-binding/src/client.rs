@@ -36,6 +36,8 @@ fn client_error(error: &prosody::ClientError) -> napi::Error {
     match error {
         prosody::ClientError::Config(config) => config_error(config),
         prosody::ClientError::Producer(_) => classified(ErrorKind::Producer, error),
+        // A collection's durable identity disagrees: `PermanentStateError` in JavaScript.
+        prosody::ClientError::State(_) => classified(ErrorKind::State, error),
         _ => classified(ErrorKind::Client, error),
     }
 }

@@ -10,8 +10,10 @@
 //! context used afterwards fails with [`ContextError::AttemptEnded`] and changes nothing, as the
 //! API contract requires.
 //!
-//! Timers are served here today. Keyed-state operations are meant to travel the same channel
-//! as further [`ContextOp`] variants.
+//! Timers are served here. Keyed state does not need the channel: the slot also keeps the
+//! attempt's owned state binder ([`KeyedStateContext::owned_state`]), so `context.state()`
+//! binds synchronously on the Node.js thread and the handle it returns calls the Rust runtime
+//! directly (see [`crate::state`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -19,10 +21,11 @@ use std::sync::{Arc, LazyLock};
 
 use napi_derive::napi;
 use parking_lot::Mutex;
-use prosody::api::{ContextError, EventContext, TimerTime};
+use prosody::api::{ContextError, EventContext, KeyedStateContext, TimerTime};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::errors::{ErrorKind, classified};
+use crate::state::{NativeState, bind, state_error};
 
 /// Requests one attempt may have waiting before JavaScript's next request waits for room.
 const REQUEST_QUEUE: usize = 64;
@@ -70,6 +73,7 @@ struct Slot {
     requests: mpsc::Sender<ContextRequest>,
     cancelled: Arc<AtomicBool>,
     done: Option<oneshot::Sender<Completion>>,
+    state: Option<Arc<dyn KeyedStateContext>>,
 }
 
 /// How JavaScript reported the end of an attempt's handler: `None` when it answered
@@ -87,10 +91,13 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    /// Registers a new attempt and returns it with the receiving end of its request channel and
-    /// the receiver of its completion (see [`complete`]).
+    /// Registers a new attempt, with the owned binder of its keyed state (`None` without
+    /// collections), and returns it with the receiving end of its request channel and the
+    /// receiver of its completion (see [`complete`]).
     #[must_use]
-    pub fn open() -> (
+    pub fn open(
+        state: Option<Arc<dyn KeyedStateContext>>,
+    ) -> (
         Self,
         mpsc::Receiver<ContextRequest>,
         oneshot::Receiver<Completion>,
@@ -110,6 +117,7 @@ impl Attempt {
                 requests,
                 cancelled: cancelled.clone(),
                 done: Some(done),
+                state,
             },
         );
         (Self { id, cancelled }, receiver, completion)
@@ -201,13 +209,27 @@ pub async fn context_timers(id: u32, op: u32, time: Option<i64>) -> napi::Result
         .collect())
 }
 
+/// `context.state(definition)` of attempt `id`: binds collection `name` as `kind` (0 value,
+/// 1 map, 2 deque, 3 message value, 4 message map, 5 message deque).
+///
+/// # Errors
+/// A classified `state` error: unregistered or mismatched (permanent), or the attempt ended.
+#[napi]
+pub fn context_state(id: u32, kind: u32, name: String) -> napi::Result<NativeState> {
+    let binder = match LIVE.lock().get(&id) {
+        Some(slot) => slot.state.clone(),
+        None => return Err(state_error(&ContextError::AttemptEnded)),
+    };
+    bind(binder.as_deref(), kind, &name).map_err(|error| state_error(&error))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn ended_attempts_report_cancel_and_are_gone() {
-        let (attempt, _requests, completion) = Attempt::open();
+        let (attempt, _requests, completion) = Attempt::open(None);
         let id = attempt.id();
         complete([(id, None)]);
         assert_eq!(completion.blocking_recv().ok(), Some(None));
@@ -221,8 +243,8 @@ mod tests {
 
     #[test]
     fn ids_are_distinct() {
-        let (first, _a, _c) = Attempt::open();
-        let (second, _b, _d) = Attempt::open();
+        let (first, _a, _c) = Attempt::open(None);
+        let (second, _b, _d) = Attempt::open(None);
         assert_ne!(first.id(), second.id());
     }
 }

@@ -3,7 +3,7 @@
 //! A rejected promise can only carry a message and a status code across napi, so the class of
 //! the error travels in a fixed prefix of the message: `[prosody <class> <kind>] <message>`,
 //! where `<class>` is `transient` or `permanent` and `<kind>` says which API failed (`config`,
-//! `client`, `producer`, `admin`, `context`, `cancelled`). `index.js` parses the prefix off and
+//! `client`, `producer`, `admin`, `context`, `state`, `cancelled`). `index.js` parses the prefix off and
 //! throws the matching JavaScript class (`TransientError`, `PermanentError`, ...), so an error
 //! that escapes a handler keeps its classification.
 
@@ -23,8 +23,10 @@ pub enum ErrorKind {
     Producer,
     /// An admin operation.
     Admin,
-    /// An event-context operation (timers, keyed state).
+    /// An event-context operation (timers).
     Context,
+    /// A keyed-state operation (`TransientStateError`/`PermanentStateError` in JavaScript).
+    State,
     /// The caller's `AbortSignal` fired.
     Cancelled,
 }
@@ -37,6 +39,7 @@ impl ErrorKind {
             Self::Producer => "producer",
             Self::Admin => "admin",
             Self::Context => "context",
+            Self::State => "state",
             Self::Cancelled => "cancelled",
         }
     }

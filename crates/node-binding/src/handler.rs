@@ -255,7 +255,7 @@ impl JsHandler {
         context: &dyn EventContext,
         event: impl FnOnce(u32) -> serde_json::Result<String>,
     ) -> Result<Value, JsHandlerError> {
-        let (attempt, mut requests, completion) = Attempt::open();
+        let (attempt, mut requests, completion) = Attempt::open(context.owned_state());
         let id = attempt.id();
         let abort = self.bridge.abort_fn();
         let event = event(id).map_err(|error| {

@@ -10,7 +10,8 @@
 //! - [`handler`]: the [`prosody::api::EventHandler`] that calls the JavaScript handler through
 //!   a threadsafe function and awaits the promise it returns.
 //! - [`context`]: the per-event context requests JavaScript sends back while its handler runs
-//!   (timers today; keyed state joins the same channel).
+//!   (timers) and the attempt's keyed-state binder.
+//! - [`state`]: keyed-state handles (`context.state()`) and their lazy, chunked scans.
 //! - [`admin`]: `NativeAdminClient` wraps [`prosody::AdminClient`].
 //! - [`cancel`]: `CancelToken`, the Rust side of an `AbortSignal` given to `send`/`excise`.
 //! - [`logging`]: the `tracing` subscriber whose events go to the JavaScript logger.
@@ -29,3 +30,4 @@ pub mod errors;
 pub mod handler;
 pub mod logging;
 pub mod mock_drain;
+pub mod state;

@@ -8,6 +8,8 @@
 //! operation after the attempt fail with [`ContextError::AttemptEnded`] without changing
 //! anything.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -180,6 +182,13 @@ pub trait KeyedStateContext: Send + Sync {
     /// # Errors
     /// [`ContextError::AttemptEnded`], or a store error writing a `readUncommitted` collection.
     fn clear_all(&self) -> BoxFuture<'_, Result<(), ContextError>>;
+    /// An owned binder of this attempt's collections: it binds exactly as `self` does and ends
+    /// with the attempt. For a binding whose handler runs on another thread than the one that
+    /// holds the borrowed context (Node.js), so `context.state()` can bind synchronously there.
+    /// `None` when the context has no keyed state (no collections are registered).
+    fn owned_state(&self) -> Option<Arc<dyn KeyedStateContext>> {
+        None
+    }
 }
 
 /// Everything a handler gets for one event of one key.

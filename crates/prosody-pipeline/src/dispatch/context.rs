@@ -1,5 +1,6 @@
 //! The context a handler receives for one attempt.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
@@ -254,6 +255,12 @@ impl KeyedStateContext for AttemptContext {
                 None => self.live(),
             }
         })
+    }
+
+    fn owned_state(&self) -> Option<Arc<dyn KeyedStateContext>> {
+        self.state
+            .clone()
+            .map(|state| Arc::new(state) as Arc<dyn KeyedStateContext>)
     }
 }
 

@@ -283,6 +283,48 @@ impl AttemptState {
     }
 }
 
+/// The attempt's own binder, vended by `KeyedStateContext::owned_state` of the attempt's
+/// context: it binds like the context and fails with `AttemptEnded` once the attempt ended.
+impl KeyedStateContext for AttemptState {
+    fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value>>, ContextError> {
+        AttemptState::value(self, collection)
+    }
+
+    fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value>>, ContextError> {
+        AttemptState::map(self, collection)
+    }
+
+    fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value>>, ContextError> {
+        AttemptState::deque(self, collection)
+    }
+
+    fn message_value(
+        &self,
+        collection: &str,
+    ) -> Result<Box<dyn ValueState<Message>>, ContextError> {
+        AttemptState::message_value(self, collection)
+    }
+
+    fn message_map(&self, collection: &str) -> Result<Box<dyn MapState<Message>>, ContextError> {
+        AttemptState::message_map(self, collection)
+    }
+
+    fn message_deque(
+        &self,
+        collection: &str,
+    ) -> Result<Box<dyn DequeState<Message>>, ContextError> {
+        AttemptState::message_deque(self, collection)
+    }
+
+    fn clear_all(&self) -> futures::future::BoxFuture<'_, Result<(), ContextError>> {
+        Box::pin(AttemptState::clear_all(self))
+    }
+
+    fn owned_state(&self) -> Option<Arc<dyn KeyedStateContext>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
 fn cell_loader(cell: &attempt::Cell) -> Result<Arc<dyn MessageLoader>, ContextError> {
     cell.runtime().loader()
 }
@@ -563,6 +605,24 @@ mod tests {
         ));
         let next = runtime.attempt(Key::from("k"));
         assert_eq!(next.value("v").unwrap().get().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn the_owned_binder_binds_like_the_attempt_and_ends_with_it() {
+        let runtime = runtime(&[CollectionDefinition::value("v")]);
+        let attempt = runtime.attempt(Key::from("k"));
+        let binder = KeyedStateContext::owned_state(&attempt).unwrap();
+        binder.value("v").unwrap().set(json!(1)).await.unwrap();
+        assert_eq!(
+            attempt.value("v").unwrap().get().await.unwrap(),
+            Some(json!(1))
+        );
+        assert!(binder.deque("v").map(|_| ()).unwrap_err().is_permanent());
+        attempt.end();
+        assert!(matches!(
+            binder.value("v").map(|_| ()),
+            Err(ContextError::AttemptEnded)
+        ));
     }
 
     #[tokio::test]

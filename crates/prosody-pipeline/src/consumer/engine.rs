@@ -81,10 +81,14 @@ pub struct EngineLimits {
     pub shutdown_timeout: Duration,
 }
 
+/// One assignment of a partition. Each has its own lock, so partitions never wait on each
+/// other, and a key's runner holds its slot: it reaches its partition's work without a lookup,
+/// and a runner that outlives a revocation only ever sees its own (revoked) assignment.
 struct Slot {
-    work: PartitionWork<Work>,
+    partition: TopicPartition,
+    work: Mutex<PartitionWork<Work>>,
     health: PartitionHealth,
-    drained: Arc<Notify>,
+    drained: Notify,
 }
 
 /// Called with the partitions of each revocation once their handlers have drained: what a
@@ -93,7 +97,7 @@ struct Slot {
 pub type RevocationHook = Arc<dyn Fn(&[TopicPartition]) + Send + Sync>;
 
 struct Inner {
-    state: Mutex<KeyMap<TopicPartition, Slot>>,
+    slots: Mutex<KeyMap<TopicPartition, Arc<Slot>>>,
     revocation_hooks: Mutex<Vec<RevocationHook>>,
     generation: Mutex<u64>,
     dispatch: Arc<dyn Dispatch>,
@@ -167,7 +171,7 @@ impl Engine {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                state: Mutex::new(KeyMap::default()),
+                slots: Mutex::new(KeyMap::default()),
                 revocation_hooks: Mutex::new(Vec::new()),
                 generation: Mutex::new(0),
                 dispatch,
@@ -195,9 +199,9 @@ impl Engine {
     /// Starts tracking newly assigned partitions. A partition already tracked keeps its work.
     pub fn assign(&self, partitions: impl IntoIterator<Item = TopicPartition>) {
         let mut started = Vec::new();
-        let mut state = self.inner.state.lock();
+        let mut slots = self.inner.slots.lock();
         for partition in partitions {
-            if state.contains_key(&partition) {
+            if slots.contains_key(&partition) {
                 continue;
             }
             let generation = {
@@ -216,16 +220,17 @@ impl Engine {
                 .health
                 .partition_assigned(partition.topic.as_str(), partition.partition.0);
             started.push((partition.clone(), generation));
-            state.insert(
-                partition,
-                Slot {
-                    work,
+            slots.insert(
+                partition.clone(),
+                Arc::new(Slot {
+                    partition,
+                    work: Mutex::new(work),
                     health,
-                    drained: Arc::new(Notify::new()),
-                },
+                    drained: Notify::new(),
+                }),
             );
         }
-        drop(state);
+        drop(slots);
         if let Some(timers) = &self.inner.timers {
             for (partition, generation) in started {
                 let sink = Arc::new(EngineTimerSink {
@@ -242,15 +247,15 @@ impl Engine {
     /// backlog bound (their manager bounds how many are in flight) but count in the backlog
     /// while queued or running. False when the assignment of `generation` is gone.
     fn offer_timer(&self, partition: &TopicPartition, generation: u64, fired: FiredTimer) -> bool {
+        let Some(slot) = self.slot(partition) else {
+            return false;
+        };
         let offer = {
-            let mut state = self.inner.state.lock();
-            let Some(slot) = state
-                .get_mut(partition)
-                .filter(|slot| slot.work.generation() == generation)
-            else {
+            let mut work = slot.work.lock();
+            if work.generation() != generation {
                 return false;
-            };
-            let offer = slot.work.offer_timer(Work::Event(Event::Timer(fired)));
+            }
+            let offer = work.offer_timer(Work::Event(Event::Timer(fired)));
             if matches!(offer, Offer::StartRunner(_) | Offer::Queued) {
                 slot.health.work_pending();
             }
@@ -258,7 +263,7 @@ impl Engine {
         };
         match offer {
             Offer::StartRunner(key) => {
-                self.spawn_runner(partition.clone(), generation, key);
+                self.spawn_runner(slot, key);
                 true
             }
             Offer::Queued => true,
@@ -275,41 +280,39 @@ impl Engine {
     /// Offers several records of one partition, in offset order, under one lock; the runners
     /// they start are spawned together, so a batch costs one wakeup of the runtime.
     pub fn offer_batch(&self, partition: &TopicPartition, batch: Vec<Work>) {
+        let Some(slot) = self.slot(partition) else {
+            warn!(%partition, records = batch.len(), "records of an unassigned partition dropped");
+            return;
+        };
         let mut start = Vec::new();
-        let generation = {
-            let mut state = self.inner.state.lock();
-            let Some(slot) = state.get_mut(partition) else {
-                warn!(%partition, records = batch.len(), "records of an unassigned partition dropped");
-                return;
-            };
-            for work in batch {
-                match slot.work.offer(work) {
+        {
+            let mut work = slot.work.lock();
+            for item in batch {
+                match work.offer(item) {
                     Offer::StartRunner(key) => start.push(key),
                     Offer::Duplicate => debug!(%partition, "redelivered record dropped"),
                     Offer::Queued | Offer::Held | Offer::Revoked => {}
                 }
-                if slot.work.take_pause() {
+                if work.take_pause() {
                     // Under the lock: a runner's resume must not overtake this pause, or the
                     // partition would stay paused while the engine believes it runs.
                     debug!(%partition, "backlog full: pausing");
                     self.inner.flow.pause(partition);
                 }
             }
-            if !slot.work.is_idle() {
+            if !work.is_idle() {
                 slot.health.work_pending();
             }
-            slot.work.generation()
-        };
+        }
         if start.is_empty() {
             return;
         }
         let engine = self.clone();
-        let partition = partition.clone();
         // One task from this (non-runtime) thread; it spawns the runners on the runtime's local
         // queue, which needs no cross-thread wakeup per runner.
         self.inner.runtime.spawn(async move {
             for key in start {
-                engine.spawn_runner(partition.clone(), generation, key);
+                engine.spawn_runner(slot.clone(), key);
             }
         });
     }
@@ -318,11 +321,8 @@ impl Engine {
     /// unassigned): the poll loop reads no more than this from the partition's queue.
     #[must_use]
     pub fn room(&self, partition: &TopicPartition) -> usize {
-        self.inner
-            .state
-            .lock()
-            .get(partition)
-            .map_or(0, |slot| slot.work.room())
+        self.slot(partition)
+            .map_or(0, |slot| slot.work.lock().room())
     }
 
     /// Marks a record that cannot become an event (it failed to decode) as done, so it does
@@ -330,9 +330,8 @@ impl Engine {
     pub fn skip(&self, partition: &TopicPartition, offset: Offset) {
         // A skipped record passes through the same tracker as any other so the watermark
         // stays exact; it never occupies a key queue.
-        let mut state = self.inner.state.lock();
-        if let Some(slot) = state.get_mut(partition) {
-            slot.work.skip(offset);
+        if let Some(slot) = self.slot(partition) {
+            slot.work.lock().skip(offset);
         }
     }
 
@@ -348,13 +347,13 @@ impl Engine {
             }
         }
         let mut waits = Vec::new();
-        {
-            let mut state = self.inner.state.lock();
-            for partition in partitions {
-                if let Some(slot) = state.get_mut(partition)
-                    && !slot.work.revoke()
-                {
-                    waits.push((slot.drained.clone(), slot.work.cancel_token().clone()));
+        for partition in partitions {
+            if let Some(slot) = self.slot(partition) {
+                let mut work = slot.work.lock();
+                if !work.revoke() {
+                    let cancel = work.cancel_token().clone();
+                    drop(work);
+                    waits.push((slot, cancel));
                 }
             }
         }
@@ -362,7 +361,7 @@ impl Engine {
             let budget = self.inner.limits.shutdown_timeout;
             let cancel_at = budget.saturating_sub(budget / 5);
             let drained =
-                futures::future::join_all(waits.iter().map(|(notify, _)| notify.notified()));
+                futures::future::join_all(waits.iter().map(|(slot, _)| slot.drained.notified()));
             tokio::pin!(drained);
             if tokio::time::timeout(cancel_at, &mut drained).await.is_err() {
                 warn!(
@@ -384,21 +383,25 @@ impl Engine {
                 }
             }
         }
-        let offsets = {
-            let mut state = self.inner.state.lock();
+        let removed: Vec<Arc<Slot>> = {
+            let mut slots = self.inner.slots.lock();
             partitions
                 .iter()
-                .filter_map(|partition| {
-                    let slot = state.remove(partition)?;
-                    slot.work.cancel_token().cancel();
-                    self.inner
-                        .health
-                        .partition_revoked(partition.topic.as_str(), partition.partition.0);
-                    let offset = slot.work.committable()?;
-                    Some((partition.clone(), offset))
-                })
+                .filter_map(|partition| slots.remove(partition))
                 .collect()
         };
+        let offsets = removed
+            .iter()
+            .filter_map(|slot| {
+                let work = slot.work.lock();
+                work.cancel_token().cancel();
+                let partition = &slot.partition;
+                self.inner
+                    .health
+                    .partition_revoked(partition.topic.as_str(), partition.partition.0);
+                Some((partition.clone(), work.committable()?))
+            })
+            .collect();
         let hooks = self.inner.revocation_hooks.lock().clone();
         for hook in hooks {
             hook(partitions);
@@ -409,17 +412,19 @@ impl Engine {
     /// The partitions currently assigned.
     #[must_use]
     pub fn assigned(&self) -> Vec<TopicPartition> {
-        self.inner.state.lock().keys().cloned().collect()
+        self.inner.slots.lock().keys().cloned().collect()
     }
 
     /// The committable position of every assigned partition that received records.
     #[must_use]
     pub fn committable(&self) -> Vec<(TopicPartition, Offset)> {
         self.inner
-            .state
+            .slots
             .lock()
             .iter()
-            .filter_map(|(partition, slot)| Some((partition.clone(), slot.work.committable()?)))
+            .filter_map(|(partition, slot)| {
+                Some((partition.clone(), slot.work.lock().committable()?))
+            })
             .collect()
     }
 
@@ -440,18 +445,26 @@ impl Engine {
     /// partitions.
     #[must_use]
     pub fn load(&self) -> Load {
-        let state = self.inner.state.lock();
-        state.values().fold(Load::default(), |load, slot| Load {
-            backlog: load.backlog + slot.work.backlog(),
-            running: load.running + slot.work.running(),
-            held: load.held + slot.work.held(),
-            paused: load.paused + usize::from(slot.work.is_paused()),
+        let slots = self.inner.slots.lock();
+        slots.values().fold(Load::default(), |load, slot| {
+            let work = slot.work.lock();
+            Load {
+                backlog: load.backlog + work.backlog(),
+                running: load.running + work.running(),
+                held: load.held + work.held(),
+                paused: load.paused + usize::from(work.is_paused()),
+            }
         })
     }
 
-    fn spawn_runner(&self, partition: TopicPartition, generation: u64, key: Key) {
+    /// The current assignment of `partition`.
+    fn slot(&self, partition: &TopicPartition) -> Option<Arc<Slot>> {
+        self.inner.slots.lock().get(partition).cloned()
+    }
+
+    fn spawn_runner(&self, slot: Arc<Slot>, key: Key) {
         let engine = self.clone();
-        let run = async move { engine.run_key(partition, generation, key).await };
+        let run = async move { engine.run_key(slot, key).await };
         // Inside the runtime, spawn locally; from a foreign thread, through the handle.
         if Handle::try_current().is_ok() {
             tokio::spawn(run);
@@ -461,23 +474,18 @@ impl Engine {
     }
 
     /// Runs the events of one key, one at a time, until its queue is empty.
-    async fn run_key(self, partition: TopicPartition, generation: u64, key: Key) {
+    async fn run_key(self, slot: Arc<Slot>, key: Key) {
+        let partition = &slot.partition;
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
             let permit =
                 PermitSlot::holding(self.inner.admission.acquire(&key, TaskClass::Normal).await);
             let (event, cancel) = {
-                let mut state = self.inner.state.lock();
-                let Some(slot) = state
-                    .get_mut(&partition)
-                    .filter(|slot| slot.work.generation() == generation)
-                else {
+                let mut work = slot.work.lock();
+                let Some(next) = work.next_for(&key) else {
                     return;
                 };
-                let Some(work) = slot.work.next_for(&key) else {
-                    return;
-                };
-                (work, slot.work.cancel_token().clone())
+                (next, work.cancel_token().clone())
             };
             let offset = event.offset();
             let event = match event {
@@ -501,7 +509,7 @@ impl Engine {
                 // An earlier event of the key removed it after it fired: nothing to handle.
                 debug!(%partition, %key, time = %fired.timer.time, "fired timer was removed: skipped");
                 timers.finished(fired, true);
-                let idle = self.finish(&partition, generation, &key, None);
+                let idle = self.finish(&slot, &key, None);
                 drop(permit);
                 if idle {
                     return;
@@ -526,7 +534,7 @@ impl Engine {
             if let (Some(fired), Some(timers)) = (&fired, timers) {
                 timers.finished(fired, completed);
             }
-            let idle = self.finish(&partition, generation, &key, offset.filter(|_| completed));
+            let idle = self.finish(&slot, &key, offset.filter(|_| completed));
             // Released only after the finish is recorded, so the engine never counts more
             // running events than there are permits (unless the dispatch gave it back).
             drop(permit);
@@ -541,39 +549,27 @@ impl Engine {
 
     /// Records the end of an event of `key`; true when the key has nothing more queued (it is
     /// now idle, or its assignment is gone), so its runner stops.
-    fn finish(
-        &self,
-        partition: &TopicPartition,
-        generation: u64,
-        key: &Key,
-        offset: Option<Offset>,
-    ) -> bool {
-        let (finished, drained, idle) = {
-            let mut state = self.inner.state.lock();
-            let Some(slot) = state
-                .get_mut(partition)
-                .filter(|slot| slot.work.generation() == generation)
-            else {
-                return true;
-            };
-            let finished = slot.work.finish(offset);
-            let idle = slot.work.release_if_idle(key);
+    fn finish(&self, slot: &Arc<Slot>, key: &Key, offset: Option<Offset>) -> bool {
+        let (finished, idle) = {
+            let mut work = slot.work.lock();
+            let finished = work.finish(offset);
+            let idle = work.release_if_idle(key);
             slot.health.progress();
-            if slot.work.is_idle() {
+            if work.is_idle() {
                 slot.health.idle();
             }
             if finished.resume {
                 // Under the lock, ordered with the pause in `offer`.
-                debug!(%partition, "backlog drained: resuming");
-                self.inner.flow.resume(partition);
+                debug!(partition = %slot.partition, "backlog drained: resuming");
+                self.inner.flow.resume(&slot.partition);
             }
-            (finished, slot.drained.clone(), idle)
+            (finished, idle)
         };
         for key in finished.start {
-            self.spawn_runner(partition.clone(), generation, key);
+            self.spawn_runner(slot.clone(), key);
         }
         if finished.drained {
-            drained.notify_one();
+            slot.drained.notify_one();
         }
         idle
     }

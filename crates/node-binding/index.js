@@ -936,11 +936,18 @@ function initialize() {
   native.setLogSink(log);
 }
 
-/** Exports pending telemetry. This build has no OpenTelemetry exporter, so there is nothing to flush. */
-async function flushTelemetry() {}
+/**
+ * Exports pending telemetry: the handler spans buffered for OTLP export (configured by the
+ * standard OTEL_* environment variables; without an endpoint there is nothing to export).
+ */
+async function flushTelemetry() {
+  await native.flushTelemetry();
+}
 
-/** Exports pending telemetry and stops its providers (nothing to do in this build). */
-async function shutdownTelemetry() {}
+/** Exports pending telemetry and stops span export; call it before the process exits. */
+async function shutdownTelemetry() {
+  await native.shutdownTelemetry();
+}
 
 initialize();
 

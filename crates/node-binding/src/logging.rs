@@ -7,7 +7,8 @@
 //! never keeps the process alive) and its queue is bounded: when JavaScript falls behind,
 //! records are dropped rather than piling up.
 //!
-//! Before a sink is registered, events go to standard error.
+//! Before a sink is registered, events go to standard error. Spans are exported over OTLP when
+//! the standard `OTEL_*` variables name an endpoint, exactly as in a Rust service.
 
 use std::fmt::Write as _;
 use std::sync::{LazyLock, Once};
@@ -17,11 +18,10 @@ use napi::bindgen_prelude::{FnArgs, Function};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use parking_lot::RwLock;
+use prosody::pipeline::telemetry;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::layer::Context;
 
 /// Log records queued to JavaScript at most; more are dropped until it catches up.
 const LOG_QUEUE: usize = 4096;
@@ -37,12 +37,10 @@ static INSTALL: Once = Once::new();
 /// installed first by the embedding process wins.
 pub fn install() {
     INSTALL.call_once(|| {
-        let filter =
-            EnvFilter::try_from_env("PROSODY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-        let _ = tracing_subscriber::registry()
-            .with(filter)
-            .with(JsLayer)
-            .try_init();
+        // The pipeline's setup, so span export over OTLP (the `OTEL_*` variables) works as in
+        // Rust services, with the log lines going to JavaScript instead of standard error.
+        let filter = std::env::var("PROSODY_LOG").unwrap_or_else(|_| "info".to_owned());
+        telemetry::init_tracing_with(&filter, JsLayer);
     });
 }
 
@@ -50,6 +48,19 @@ pub fn install() {
 #[napi]
 pub fn initialize() {
     install();
+}
+
+/// Exports the spans buffered so far (nothing without OTLP export configured).
+#[napi]
+pub async fn flush_telemetry() {
+    // The exporter blocks on its HTTP request: off the async workers.
+    let _ = tokio::task::spawn_blocking(telemetry::flush_tracing).await;
+}
+
+/// Exports the spans buffered so far and stops span export.
+#[napi]
+pub async fn shutdown_telemetry() {
+    let _ = tokio::task::spawn_blocking(telemetry::shutdown_tracing).await;
 }
 
 /// Registers `log(level, target, message)` as the destination of Rust log records; levels are

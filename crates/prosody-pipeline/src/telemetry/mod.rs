@@ -11,4 +11,6 @@ pub mod setup;
 
 pub use events::{LifecycleEvent, Stage, TelemetrySink};
 pub use propagation::{SpanRelation, TraceInjector, parent_context};
-pub use setup::{flush_tracing, handler_spans_wanted, init_tracing, shutdown_tracing};
+pub use setup::{
+    flush_tracing, handler_spans_wanted, init_tracing, init_tracing_with, shutdown_tracing,
+};

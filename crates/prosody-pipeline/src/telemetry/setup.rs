@@ -14,9 +14,9 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::warn;
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::layer::{Layer, Layered, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, fmt};
+use tracing_subscriber::{EnvFilter, Registry, fmt};
 
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
@@ -61,9 +61,21 @@ fn otlp_provider() -> Option<SdkTracerProvider> {
 }
 
 /// Installs the process's `tracing` subscriber with `filter` (`PROSODY_LOG` directives, e.g.
-/// `info,prosody_pipeline=debug`). Returns false when a subscriber was already installed, by
-/// the application or an earlier call; the existing one is kept.
+/// `info,prosody_pipeline=debug`), log lines to standard error. Returns false when a subscriber
+/// was already installed, by the application or an earlier call; the existing one is kept.
+// Installing is the point of the call; the answer is for callers that care.
+#[allow(clippy::must_use_candidate)]
 pub fn init_tracing(filter: &str) -> bool {
+    init_tracing_with(filter, fmt::layer())
+}
+
+/// As [`init_tracing`], with `output` writing the log lines instead of the standard-error
+/// formatter (the Node.js binding forwards them to the JavaScript logger). Span export over
+/// OTLP, and whether handler spans are made at all, follow the same rules whatever the output.
+pub fn init_tracing_with<L>(filter: &str, output: L) -> bool
+where
+    L: Layer<Layered<EnvFilter, Registry>> + Send + Sync + 'static,
+{
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let provider = otlp_provider();
     let otel = provider
@@ -71,7 +83,7 @@ pub fn init_tracing(filter: &str) -> bool {
         .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("prosody")));
     let installed = tracing_subscriber::registry()
         .with(filter)
-        .with(fmt::layer())
+        .with(output)
         .with(otel)
         .try_init()
         .is_ok();

@@ -152,13 +152,14 @@ impl AttemptContext {
         }
     }
 
-    fn state(&self) -> Result<&AttemptState, ContextError> {
+    /// The attempt's keyed state, for a handle on `collection`. With no collection
+    /// registered at all, `collection` is as unregistered as with others registered: a
+    /// permanent error, since retrying the event cannot make it exist.
+    fn state(&self, collection: &str) -> Result<&AttemptState, ContextError> {
         self.live()?;
-        self.state.as_ref().ok_or_else(|| {
-            ContextError::InvalidRequest(
-                "keyed state is not configured for this dispatch (no collections)".to_owned(),
-            )
-        })
+        self.state
+            .as_ref()
+            .ok_or_else(|| ContextError::Unregistered(collection.to_owned()))
     }
 
     fn timers(&self) -> Result<&StagedTimers, ContextError> {
@@ -218,33 +219,33 @@ impl Cancellation for AttemptContext {
 
 impl KeyedStateContext for AttemptContext {
     fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value>>, ContextError> {
-        self.state()?.value(collection)
+        self.state(collection)?.value(collection)
     }
 
     fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value>>, ContextError> {
-        self.state()?.map(collection)
+        self.state(collection)?.map(collection)
     }
 
     fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value>>, ContextError> {
-        self.state()?.deque(collection)
+        self.state(collection)?.deque(collection)
     }
 
     fn message_value(
         &self,
         collection: &str,
     ) -> Result<Box<dyn ValueState<Message>>, ContextError> {
-        self.state()?.message_value(collection)
+        self.state(collection)?.message_value(collection)
     }
 
     fn message_map(&self, collection: &str) -> Result<Box<dyn MapState<Message>>, ContextError> {
-        self.state()?.message_map(collection)
+        self.state(collection)?.message_map(collection)
     }
 
     fn message_deque(
         &self,
         collection: &str,
     ) -> Result<Box<dyn DequeState<Message>>, ContextError> {
-        self.state()?.message_deque(collection)
+        self.state(collection)?.message_deque(collection)
     }
 
     fn clear_all(&self) -> BoxFuture<'_, Result<(), ContextError>> {
@@ -267,5 +268,25 @@ impl KeyedStateContext for AttemptContext {
 impl EventContext for AttemptContext {
     fn key(&self) -> &Key {
         &self.key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prosody_api::{ClassifyError, ErrorClass};
+
+    use super::*;
+
+    #[test]
+    fn a_collection_without_any_registered_is_unregistered_and_permanent() {
+        let context = AttemptContext::new(Key::from("k"), CancellationToken::new());
+        let Err(error) = context.map("orders") else {
+            panic!("a handle on a collection that is not registered");
+        };
+        assert!(
+            matches!(&error, ContextError::Unregistered(name) if name == "orders"),
+            "{error:?}"
+        );
+        assert_eq!(error.error_class(), ErrorClass::Permanent);
     }
 }

@@ -9,7 +9,8 @@
 // last record (process.hrtime), so consumer start-up and group join are excluded on both. Each
 // side also reports the process CPU time (all threads) and event-loop utilization over that
 // window. BENCH_ORDER=kafkajs runs KafkaJS first (default: prosody first);
-// BENCH_ONLY=prosody skips KafkaJS (for profiling); BENCH_MAX_CONCURRENCY overrides Prosody's maxConcurrency (default 256).
+// BENCH_ONLY=prosody skips KafkaJS (for profiling); BENCH_MAX_CONCURRENCY overrides Prosody's maxConcurrency (default 256)
+// and BENCH_MAX_UNCOMMITTED its maxUncommitted (default 4096; the rate follows it, see the README).
 "use strict";
 
 const { randomUUID } = require("node:crypto");
@@ -69,7 +70,7 @@ async function benchProsody() {
     storageBackend: "memory",
     probePort: null,
     maxConcurrency: MAX_CONCURRENCY,
-    maxUncommitted: 4096,
+    maxUncommitted: Number(process.env.BENCH_MAX_UNCOMMITTED ?? 4096),
   });
   const meter = new Meter();
   await client.subscribe({

@@ -9,6 +9,7 @@ use std::process;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use prosody_api::{ClassifyError, ErrorClass};
 use scylla::statement::SerialConsistency;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::{CqlValue, Row};
@@ -105,10 +106,26 @@ impl<'a> MigrationLock<'a> {
         let started = Instant::now();
         let mut pause = FIRST_PAUSE;
         loop {
-            let rows: Vec<Row> = db
+            let attempt = db
                 .rows(OPERATION, LOCK_TABLE, &take, (&holder, ttl_secs))
-                .await?;
-            let (applied, current) = outcome(&rows)?;
+                .await;
+            let (applied, current) = match attempt {
+                Ok(rows) => outcome(&rows)?,
+                // A transient failure (a Paxos write timeout when several clients start at
+                // once, an overloaded node) leaves the outcome unknown: try again within the
+                // wait budget; the holder check below recognises our own insert if it landed.
+                Err(error)
+                    if error.error_class() == ErrorClass::Transient
+                        && started.elapsed() < db.config.migration_lock_wait =>
+                {
+                    tracing::debug!(keyspace = %db.keyspace, %error,
+                        "taking the migration lock failed transiently: retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LONGEST_PAUSE);
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+            };
             // After an ambiguous failure our own earlier insert may hold the lock.
             if applied || current.as_deref() == Some(holder.as_str()) {
                 tracing::debug!(keyspace = %db.keyspace, %holder, "took the migration lock");

@@ -2,16 +2,26 @@
 
 const { randomUUID } = require("node:crypto");
 
-/** The real Kafka bootstrap servers; fails the test with instructions when they are not set. */
-function kafkaServers() {
-  const servers = process.env.PROSODY_BOOTSTRAP_SERVERS;
-  if (!servers) {
+/** The address of a real service from `variable`; fails the test with instructions when unset. */
+function serviceAddress(variable, service, example) {
+  const address = process.env[variable];
+  if (!address) {
     throw new Error(
-      "PROSODY_BOOTSTRAP_SERVERS is not set: run `scripts/services up kafka` and " +
-        "`export PROSODY_BOOTSTRAP_SERVERS=127.0.0.1:9092` (scripts/test does both)",
+      `${variable} is not set: run \`scripts/services up ${service}\` and ` +
+        `\`export ${variable}=${example}\` (scripts/test does both)`,
     );
   }
-  return servers;
+  return address;
+}
+
+/** The real Kafka bootstrap servers. */
+function kafkaServers() {
+  return serviceAddress("PROSODY_BOOTSTRAP_SERVERS", "kafka", "127.0.0.1:9092");
+}
+
+/** The real Cassandra contact points. */
+function cassandraNodes() {
+  return serviceAddress("PROSODY_CASSANDRA_NODES", "cassandra", "127.0.0.1:9042");
 }
 
 function unique(prefix) {
@@ -69,4 +79,4 @@ function mockOptions(extra = {}) {
   };
 }
 
-module.exports = { kafkaServers, unique, sleep, waitFor, recorder, mockOptions };
+module.exports = { kafkaServers, cassandraNodes, unique, sleep, waitFor, recorder, mockOptions };

@@ -6,23 +6,12 @@
 const { test, after } = require("node:test");
 const assert = require("node:assert/strict");
 const { ProsodyClient, AdminClient, PermanentStateError, value, map } = require("..");
-const { kafkaServers, unique } = require("./helpers");
+const { kafkaServers, cassandraNodes, unique } = require("./helpers");
 const scenarios = require("./state-scenarios");
 
 const servers = kafkaServers();
 const admin = new AdminClient(servers);
 const topics = [];
-
-function cassandraNodes() {
-  const nodes = process.env.PROSODY_CASSANDRA_NODES;
-  if (!nodes) {
-    throw new Error(
-      "PROSODY_CASSANDRA_NODES is not set: run `scripts/services up cassandra` and " +
-        "`export PROSODY_CASSANDRA_NODES=127.0.0.1:9042` (scripts/test does both)",
-    );
-  }
-  return nodes;
-}
 
 const nodes = cassandraNodes();
 

@@ -215,40 +215,38 @@ fn identity(kind: CollectionKind, payload: PayloadKind) -> Identity {
     Identity { kind, payload }
 }
 
-impl AttemptState {
-    /// A JSON value handle.
-    ///
-    /// # Errors
-    /// See [`KeyedStateContext::value`].
-    pub fn value(&self, name: &str) -> Result<Box<dyn ValueState<Value>>, ContextError> {
-        let cell = self.cell(name, identity(CollectionKind::Value, PayloadKind::Json))?;
+/// The attempt's binder: what the attempt's context delegates to, and what
+/// `KeyedStateContext::owned_state` vends; it fails with `AttemptEnded` once the attempt ended.
+impl KeyedStateContext for AttemptState {
+    fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value>>, ContextError> {
+        let cell = self.cell(
+            collection,
+            identity(CollectionKind::Value, PayloadKind::Json),
+        )?;
         Ok(Box::new(ValueHandle { cell }))
     }
 
-    /// A JSON map handle.
-    ///
-    /// # Errors
-    /// See [`KeyedStateContext::value`].
-    pub fn map(&self, name: &str) -> Result<Box<dyn MapState<Value>>, ContextError> {
-        let cell = self.cell(name, identity(CollectionKind::Map, PayloadKind::Json))?;
+    fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value>>, ContextError> {
+        let cell = self.cell(collection, identity(CollectionKind::Map, PayloadKind::Json))?;
         Ok(Box::new(MapHandle { cell }))
     }
 
-    /// A JSON deque handle.
-    ///
-    /// # Errors
-    /// See [`KeyedStateContext::value`].
-    pub fn deque(&self, name: &str) -> Result<Box<dyn DequeState<Value>>, ContextError> {
-        let cell = self.cell(name, identity(CollectionKind::Deque, PayloadKind::Json))?;
+    fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value>>, ContextError> {
+        let cell = self.cell(
+            collection,
+            identity(CollectionKind::Deque, PayloadKind::Json),
+        )?;
         Ok(Box::new(DequeHandle { cell }))
     }
 
-    /// A message value handle.
-    ///
-    /// # Errors
-    /// See [`KeyedStateContext::value`].
-    pub fn message_value(&self, name: &str) -> Result<Box<dyn ValueState<Message>>, ContextError> {
-        let cell = self.cell(name, identity(CollectionKind::Value, PayloadKind::Message))?;
+    fn message_value(
+        &self,
+        collection: &str,
+    ) -> Result<Box<dyn ValueState<Message>>, ContextError> {
+        let cell = self.cell(
+            collection,
+            identity(CollectionKind::Value, PayloadKind::Message),
+        )?;
         let loader = cell_loader(&cell)?;
         Ok(Box::new(MessageHandle {
             inner: ValueHandle { cell },
@@ -256,12 +254,11 @@ impl AttemptState {
         }))
     }
 
-    /// A message map handle.
-    ///
-    /// # Errors
-    /// See [`KeyedStateContext::value`].
-    pub fn message_map(&self, name: &str) -> Result<Box<dyn MapState<Message>>, ContextError> {
-        let cell = self.cell(name, identity(CollectionKind::Map, PayloadKind::Message))?;
+    fn message_map(&self, collection: &str) -> Result<Box<dyn MapState<Message>>, ContextError> {
+        let cell = self.cell(
+            collection,
+            identity(CollectionKind::Map, PayloadKind::Message),
+        )?;
         let loader = cell_loader(&cell)?;
         Ok(Box::new(MessageHandle {
             inner: MapHandle { cell },
@@ -269,51 +266,19 @@ impl AttemptState {
         }))
     }
 
-    /// A message deque handle.
-    ///
-    /// # Errors
-    /// See [`KeyedStateContext::value`].
-    pub fn message_deque(&self, name: &str) -> Result<Box<dyn DequeState<Message>>, ContextError> {
-        let cell = self.cell(name, identity(CollectionKind::Deque, PayloadKind::Message))?;
+    fn message_deque(
+        &self,
+        collection: &str,
+    ) -> Result<Box<dyn DequeState<Message>>, ContextError> {
+        let cell = self.cell(
+            collection,
+            identity(CollectionKind::Deque, PayloadKind::Message),
+        )?;
         let loader = cell_loader(&cell)?;
         Ok(Box::new(MessageHandle {
             inner: DequeHandle { cell },
             loader,
         }))
-    }
-}
-
-/// The attempt's own binder, vended by `KeyedStateContext::owned_state` of the attempt's
-/// context: it binds like the context and fails with `AttemptEnded` once the attempt ended.
-impl KeyedStateContext for AttemptState {
-    fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value>>, ContextError> {
-        AttemptState::value(self, collection)
-    }
-
-    fn map(&self, collection: &str) -> Result<Box<dyn MapState<Value>>, ContextError> {
-        AttemptState::map(self, collection)
-    }
-
-    fn deque(&self, collection: &str) -> Result<Box<dyn DequeState<Value>>, ContextError> {
-        AttemptState::deque(self, collection)
-    }
-
-    fn message_value(
-        &self,
-        collection: &str,
-    ) -> Result<Box<dyn ValueState<Message>>, ContextError> {
-        AttemptState::message_value(self, collection)
-    }
-
-    fn message_map(&self, collection: &str) -> Result<Box<dyn MapState<Message>>, ContextError> {
-        AttemptState::message_map(self, collection)
-    }
-
-    fn message_deque(
-        &self,
-        collection: &str,
-    ) -> Result<Box<dyn DequeState<Message>>, ContextError> {
-        AttemptState::message_deque(self, collection)
     }
 
     fn clear_all(&self) -> futures::future::BoxFuture<'_, Result<(), ContextError>> {

@@ -120,9 +120,7 @@ impl<'a> MigrationLock<'a> {
                 {
                     tracing::debug!(keyspace = %db.keyspace, %error,
                         "taking the migration lock failed transiently: retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LONGEST_PAUSE);
-                    continue;
+                    (false, None)
                 }
                 Err(error) => return Err(error.into()),
             };

@@ -81,7 +81,12 @@ struct Slot {
 pub type Completion = Option<crate::handler::HandlerReply>;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
-static LIVE: LazyLock<Mutex<HashMap<u32, Slot>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// Live attempts by id. Ids are handed out by this process, never by JavaScript, so a fast
+/// unkeyed hasher is safe here; it is locked by every attempt's start and end on the workers
+/// and by each completion batch on the Node.js thread.
+type Registry = HashMap<u32, Slot, foldhash::fast::FixedState>;
+
+static LIVE: LazyLock<Mutex<Registry>> = LazyLock::new(|| Mutex::new(Registry::default()));
 
 /// A live attempt's registration; dropping it ends the attempt for JavaScript.
 #[derive(Debug)]
@@ -144,11 +149,20 @@ impl Drop for Attempt {
 /// Completes attempts: each `(id, completion)` is delivered to the attempt's waiting future.
 /// Unknown ids (attempts that already ended, e.g. after a cancellation) are ignored.
 pub fn complete(completions: impl IntoIterator<Item = (u32, Completion)>) {
-    let mut live = LIVE.lock();
-    for (id, completion) in completions {
-        if let Some(done) = live.get_mut(&id).and_then(|slot| slot.done.take()) {
-            let _ = done.send(completion);
-        }
+    // Sent after the lock is released: each send wakes a task, which may wake a parked worker
+    // (a system call), and the workers need this lock to start and end their attempts.
+    let ready: Vec<_> = {
+        let mut live = LIVE.lock();
+        completions
+            .into_iter()
+            .filter_map(|(id, completion)| {
+                let done = live.get_mut(&id)?.done.take()?;
+                Some((done, completion))
+            })
+            .collect()
+    };
+    for (done, completion) in ready {
+        let _ = done.send(completion);
     }
 }
 

@@ -191,7 +191,9 @@ impl FairScheduler {
 /// Returns the slot and charges the run time when dropped.
 struct Running {
     shared: Arc<Shared>,
-    key: Key,
+    /// Taken by `drop` (an `Option` rather than a placeholder key, which cost an allocation
+    /// per event).
+    key: Option<Key>,
     class: usize,
     since: Instant,
 }
@@ -199,7 +201,9 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         let ran = self.since.elapsed();
-        let key = std::mem::replace(&mut self.key, Key::from(""));
+        let Some(key) = self.key.take() else {
+            return;
+        };
         let capacity = usize::try_from(self.shared.settings.cache_size)
             .unwrap_or(usize::MAX)
             .max(1);
@@ -224,7 +228,7 @@ impl Shared {
     fn permit(self: &Arc<Self>, key: Key, class: usize) -> Permit {
         Permit::new(Running {
             shared: self.clone(),
-            key,
+            key: Some(key),
             class,
             since: Instant::now(),
         })

@@ -51,7 +51,7 @@ fn identity(scope: &PartitionScope, record: &DedupRecord) -> Vec<CqlValue> {
         CqlValue::Int(scope.partition.0),
         CqlValue::Text(record.key.as_str().to_owned()),
         CqlValue::Text(record.id.clone()),
-        CqlValue::Text(record.version.clone()),
+        CqlValue::Text(record.version.to_string()),
     ]
 }
 

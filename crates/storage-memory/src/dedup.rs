@@ -39,7 +39,7 @@ impl Inner {
             scope.partition.0,
             record.key.as_str(),
             record.id.as_str(),
-            record.version.as_str(),
+            &*record.version,
         );
         self.digester.digest(fields)
     }

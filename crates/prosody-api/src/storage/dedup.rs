@@ -1,6 +1,7 @@
 //! Durable deduplication records.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -16,13 +17,14 @@ pub struct DedupRecord {
     pub key: Key,
     /// The payload's `id` field.
     pub id: String,
-    /// The idempotence version.
-    pub version: String,
+    /// The idempotence version. Shared: it is the same for every record a subscription makes,
+    /// and a copy per handled message was an allocation on the hot path.
+    pub version: Arc<str>,
 }
 
 impl DedupRecord {
     /// A record from its parts.
-    pub fn new(key: impl Into<Key>, id: impl Into<String>, version: impl Into<String>) -> Self {
+    pub fn new(key: impl Into<Key>, id: impl Into<String>, version: impl Into<Arc<str>>) -> Self {
         Self {
             key: key.into(),
             id: id.into(),

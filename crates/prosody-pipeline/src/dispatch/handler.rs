@@ -118,10 +118,13 @@ impl<H: EventHandler> Service for HandlerService<H> {
         // is finished first, so the attempt never sees half a commit.
         if let (Some(state), Some(timers)) = (&self.state, &self.timers) {
             let (topic, partition) = task.event.source();
-            if let Err(error) = state
-                .journal()
-                .finish_known(timers, topic, partition, task.event.key())
-                .await
+            if let Err(error) = Box::pin(state.journal().finish_known(
+                timers,
+                topic,
+                partition,
+                task.event.key(),
+            ))
+            .await
             {
                 return Err(Failure::new(
                     FailureKind::Transient,
@@ -138,7 +141,10 @@ impl<H: EventHandler> Service for HandlerService<H> {
             context.end();
             return answer;
         };
-        match context.commit().await {
+        // Boxed, like the other store writes of the stack: inline, the commit's state made this
+        // service's future ~800 bytes, and with the layers above, every event's future outgrew
+        // glibc's per-thread cache (see `crate::middleware::defer`).
+        match Box::pin(context.commit()).await {
             Ok(()) => Ok(answer),
             Err(error) => {
                 let kind = if error.is_permanent() {

@@ -38,7 +38,7 @@ pub struct Dedup<S> {
     cache: RecentSet,
     digester: Digester,
     group: ConsumerGroup,
-    version: String,
+    version: Arc<str>,
     ttl: Ttl,
     inner: S,
 }
@@ -71,7 +71,7 @@ impl Layer for DedupLayer {
             cache,
             digester: Digester::default(),
             group: ConsumerGroup::from(self.group_id),
-            version: self.version,
+            version: Arc::from(self.version),
             ttl: self.ttl,
             inner,
         }

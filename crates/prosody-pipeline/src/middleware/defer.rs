@@ -474,14 +474,19 @@ fn storage_failure(error: &StorageError, attempt: u32) -> Failure {
     )
 }
 
+// Every event's future is allocated at the size of its largest state, so the paths most events
+// never take (deferred-work retries, excise, storage reads on a cache miss, deferring a failure)
+// are boxed where they start: inline they made this layer's future ~1.9 KiB, and the whole
+// stack's over glibc's per-thread cache limit (1 KiB), which cost every event a slow-path
+// allocation with fastbin consolidation.
 impl<S: Service> Service for Defer<S> {
     async fn call(&self, task: &Task) -> Verdict {
         match &*task.event {
             Event::Timer(fired) if fired.kind == TimerKind::DeferRetry => {
-                self.retry_deferred(task, fired).await
+                Box::pin(self.retry_deferred(task, fired)).await
             }
             Event::Rejected(_) => self.inner.call(task).await,
-            Event::Excise(_) => self.excise(task).await,
+            Event::Excise(_) => Box::pin(self.excise(task)).await,
             Event::Message(_) | Event::Timer(_) => self.handle(task).await,
         }
     }
@@ -670,12 +675,14 @@ impl<S: Service> Defer<S> {
     /// deferred when it fails transiently.
     async fn handle(&self, task: &Task) -> Verdict {
         let place = self.place(task);
-        let work = self
-            .work(&place)
-            .await
-            .map_err(|error| storage_failure(&error, task.attempt))?;
+        let work = match &place.cached {
+            Some(work) => work.clone(),
+            None => Box::pin(self.work(&place))
+                .await
+                .map_err(|error| storage_failure(&error, task.attempt))?,
+        };
         if !work.is_empty() {
-            self.defer(&place, &work, &task.event)
+            Box::pin(self.defer(&place, &work, &task.event))
                 .await
                 .map_err(|error| storage_failure(&error, task.attempt))?;
             debug!(key = %place.key(), offset = ?task.event.offset(), "key is deferred: queued behind");
@@ -683,21 +690,22 @@ impl<S: Service> Defer<S> {
         }
         let verdict = self.inner.call(task).await;
         self.status.record(&verdict);
-        self.defer_failure(&place, &work, task, verdict).await
+        match verdict {
+            Err(failure) if failure.kind == FailureKind::Transient => {
+                Box::pin(self.defer_failure(&place, &work, task, failure)).await
+            }
+            verdict => verdict,
+        }
     }
 
-    /// Defers a transient failure when the gate allows; anything else passes up.
+    /// Defers a transient failure when the gate allows; else it passes up.
     async fn defer_failure(
         &self,
         place: &Place<'_>,
         work: &KeyWork,
         task: &Task,
-        verdict: Verdict,
+        failure: Failure,
     ) -> Verdict {
-        let failure = match verdict {
-            Err(failure) if failure.kind == FailureKind::Transient => failure,
-            verdict => return verdict,
-        };
         if !self.status.is_deferring() {
             return Err(failure);
         }
@@ -731,7 +739,12 @@ impl<S: Service> Defer<S> {
             }
             return verdict;
         }
-        self.defer_failure(&place, &work, task, verdict).await
+        match verdict {
+            Err(failure) if failure.kind == FailureKind::Transient => {
+                self.defer_failure(&place, &work, task, failure).await
+            }
+            verdict => verdict,
+        }
     }
 
     async fn drop_work(&self, place: &Place<'_>, work: &KeyWork) -> Result<(), StorageError> {

@@ -92,7 +92,9 @@ impl<S: Service> Service for FailurePolicy<S> {
                 verdict => return verdict,
             },
         };
-        self.give_up(&task.event, &failure, &task.cancel).await
+        // Boxed: giving up (a produce with retries) is rare, and inline its state would size
+        // every event's future (see the defer layer).
+        Box::pin(self.give_up(&task.event, &failure, &task.cancel)).await
     }
 }
 

@@ -63,6 +63,15 @@ impl<S: Service> Service for Retry<S> {
             Err(failure) if failure.kind == FailureKind::Transient => failure,
             verdict => return verdict,
         };
+        // Boxed: only failed attempts retry, and inline the retries' state (a second inner
+        // future, the backoff timer) would size every event's future (see the defer layer).
+        Box::pin(self.retry(task, failure)).await
+    }
+}
+
+impl<S: Service> Retry<S> {
+    /// Retries `task` after its first attempt failed transiently with `failure`.
+    async fn retry(&self, task: &Task, failure: Failure) -> Verdict {
         // The first attempt went through as it was; only a retry needs a task of its own.
         let mut delays = self.policy.delays();
         let mut retry = task.clone();

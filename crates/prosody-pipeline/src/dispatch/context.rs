@@ -96,6 +96,13 @@ impl AttemptContext {
         }
     }
 
+    /// True when the attempt writes to no store (it has neither timers nor keyed state), so
+    /// committing it only ends it.
+    #[must_use]
+    pub fn writes_nothing(&self) -> bool {
+        self.state.is_none() && self.timers.is_none()
+    }
+
     /// Ends the attempt and applies its staged writes (for a timer event, removing the fired
     /// timer first). Call it when the attempt succeeded, before reporting the event done.
     ///

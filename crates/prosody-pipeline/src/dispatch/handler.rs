@@ -141,6 +141,10 @@ impl<H: EventHandler> Service for HandlerService<H> {
             context.end();
             return answer;
         };
+        if context.writes_nothing() {
+            context.end();
+            return Ok(answer);
+        }
         // Boxed, like the other store writes of the stack: inline, the commit's state made this
         // service's future ~800 bytes, and with the layers above, every event's future outgrew
         // glibc's per-thread cache (see `crate::middleware::defer`).

@@ -126,6 +126,7 @@ macro_rules! state_store_conformance {
             deque_bounds_drop_items_outside,
             deque_capacity_evicts_the_oldest,
             deque_invalid_writes_reject_the_whole_batch,
+            a_rejected_batch_reports_its_earliest_failing_write,
             deque_items_and_bounds_expire,
             deque_clear_removes_everything,
             batch_ops_apply_in_order,

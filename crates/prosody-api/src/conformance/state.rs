@@ -822,6 +822,34 @@ where
     assert_eq!(fixture.bounds().await, Some(DequeBounds::new(0, 1)));
 }
 
+/// A batch that two writes would each reject fails with the error of the earlier one, as if
+/// applied in order, even when the later one belongs to a key the batch touched first (found by
+/// the model-based suite on Cassandra, which planned key by key).
+pub async fn a_rejected_batch_reports_its_earliest_failing_write<F>(factory: &F, _: &Options)
+where
+    F: StoreFactory<Store: StateStore + 'static>,
+{
+    let fixture = Fixture::open(factory).await;
+    let other = Key::from("other");
+    let on_other = |op| StateWrite::new(fixture.scope.clone(), other.clone(), op);
+    fixture
+        .store
+        .apply(&[on_other(limited_entry("taken", json!(0), 1))])
+        .await
+        .expect("apply");
+    let batch = [
+        fixture.write(entry("fine", json!(1))),
+        on_other(limited_entry("over the limit", json!(2), 1)),
+        fixture.write(item(0, json!("no bounds"))),
+    ];
+    let error = fixture.store.apply(&batch).await.expect_err("rejected");
+    assert_eq!(error.kind(), StorageErrorKind::LimitExceeded);
+    assert!(
+        fixture.map().await.is_empty(),
+        "nothing of the batch applied"
+    );
+}
+
 /// Items expire on their own TTL inside live bounds; when the bounds expire the whole deque is
 /// gone, and items do not come back under new bounds.
 pub async fn deque_items_and_bounds_expire<F>(factory: &F, _: &Options)

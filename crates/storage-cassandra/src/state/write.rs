@@ -328,22 +328,52 @@ fn bucket_of(intent: &str) -> i32 {
 impl CassandraStore {
     /// Plans and writes a batch (see the module docs).
     pub(crate) async fn apply_writes(&self, writes: &[StateWrite]) -> Result<(), StorageError> {
-        let mut cells: Vec<(CellKey, Vec<&StateOp>)> = Vec::new();
-        for write in writes {
+        let mut cells: Vec<(CellKey, Vec<&StateOp>, Vec<usize>)> = Vec::new();
+        for (index, write) in writes.iter().enumerate() {
             let cell = CellKey::new(&write.scope, &write.key);
-            match cells.iter_mut().find(|(known, _)| *known == cell) {
-                Some((_, ops)) => ops.push(&write.op),
-                None => cells.push((cell, vec![&write.op])),
+            match cells.iter_mut().find(|(known, ..)| *known == cell) {
+                Some((_, ops, indices)) => {
+                    ops.push(&write.op);
+                    indices.push(index);
+                }
+                None => cells.push((cell, vec![&write.op], vec![index])),
             }
         }
-        let stored = try_join_all(cells.iter().map(|(cell, ops)| self.stored(cell, ops))).await?;
+        let stored =
+            try_join_all(cells.iter().map(|(cell, ops, _)| self.stored(cell, ops))).await?;
         let now = self.clock.now();
         let mut planned = Vec::with_capacity(cells.len());
-        for ((cell, ops), stored) in cells.into_iter().zip(stored) {
-            let effects = plan(&cell.collection, stored, ops, self.shared.ttl, now)?;
-            if !effects.is_empty() {
-                planned.push(CellEffects { cell, effects });
+        // A rejected batch reports the error of its earliest failing write, as applying it in
+        // order would: cells are planned one after another, so the first cell's error may come
+        // from a later write than another cell's.
+        let mut rejected: Option<(usize, StorageError)> = None;
+        for ((cell, ops, indices), stored) in cells.into_iter().zip(stored) {
+            match plan(
+                &cell.collection,
+                stored.clone(),
+                ops.iter().copied(),
+                self.shared.ttl,
+                now,
+            ) {
+                Ok(effects) if !effects.is_empty() => planned.push(CellEffects { cell, effects }),
+                Ok(_) => {}
+                Err(error) => {
+                    let (at, error) = (1..=ops.len())
+                        .find_map(|prefix| {
+                            let ops = ops[..prefix].iter().copied();
+                            plan(&cell.collection, stored.clone(), ops, self.shared.ttl, now)
+                                .err()
+                                .map(|error| (indices[prefix - 1], error))
+                        })
+                        .unwrap_or((indices[0], error));
+                    if rejected.as_ref().is_none_or(|(earliest, _)| at < *earliest) {
+                        rejected = Some((at, error));
+                    }
+                }
             }
+        }
+        if let Some((_, error)) = rejected {
+            return Err(error);
         }
         match planned.as_slice() {
             [] => Ok(()),

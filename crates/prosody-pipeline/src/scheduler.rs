@@ -92,6 +92,16 @@ struct State {
 }
 
 impl State {
+    /// Takes a slot when one is free and nobody waits for it (a waiter, however its virtual
+    /// time compares, was there first).
+    fn take_free_slot(&mut self) -> bool {
+        let free = self.free > 0 && self.queues.iter().all(Queue::is_empty);
+        if free {
+            self.free -= 1;
+        }
+        free
+    }
+
     /// The virtual time `key` waits with in `class`: its own, or the floor if that is higher
     /// (a key that ran little long ago must not jump ahead of keys that kept running).
     fn vt(&self, class: usize, key: &Key) -> Vt {
@@ -315,8 +325,7 @@ impl Admission for FairScheduler {
         let shared = &self.shared;
         let (receiver, unwanted) = {
             let mut state = shared.state.lock();
-            if state.free > 0 && state.queues.iter().all(Queue::is_empty) {
-                state.free -= 1;
+            if state.take_free_slot() {
                 return shared.permit(key.clone(), class);
             }
             let vt = state.vt(class, key);
@@ -349,6 +358,11 @@ impl Admission for FairScheduler {
             Err(_) => std::future::pending().await,
         }
     }
+
+    fn try_acquire(&self, key: &Key, class: TaskClass) -> Option<Permit> {
+        let taken = self.shared.state.lock().take_free_slot();
+        taken.then(|| self.shared.permit(key.clone(), index(class)))
+    }
 }
 
 #[cfg(test)]
@@ -368,6 +382,38 @@ mod tests {
     async fn hold(permit: Permit, run: Duration) {
         tokio::time::sleep(run).await;
         drop(permit);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn try_acquire_takes_only_a_slot_nobody_waits_for() {
+        let scheduler = scheduler(1);
+        let first = scheduler
+            .try_acquire(&Key::from("a"), TaskClass::Normal)
+            .expect("a free slot");
+        assert!(
+            scheduler
+                .try_acquire(&Key::from("b"), TaskClass::Normal)
+                .is_none()
+        );
+        let waiting = tokio::spawn({
+            let scheduler = scheduler.clone();
+            async move { scheduler.acquire(&Key::from("c"), TaskClass::Normal).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(scheduler.waiting(), 1);
+        drop(first);
+        // The freed slot went to the waiter, not to a request that came later.
+        assert!(
+            scheduler
+                .try_acquire(&Key::from("d"), TaskClass::Normal)
+                .is_none()
+        );
+        drop(waiting.await.expect("granted"));
+        assert!(
+            scheduler
+                .try_acquire(&Key::from("d"), TaskClass::Normal)
+                .is_some()
+        );
     }
 
     #[tokio::test(start_paused = true)]

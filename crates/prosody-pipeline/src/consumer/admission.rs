@@ -30,6 +30,23 @@ pub enum TaskClass {
 pub trait Admission: Send + Sync + 'static {
     /// Waits for a permit for `key` in `class`.
     async fn acquire(&self, key: &Key, class: TaskClass) -> Permit;
+
+    /// A permit for `key` in `class` if one can be granted without waiting (a free slot that no
+    /// waiting request has a better claim to), else `None`. Callers go through [`admit`], so
+    /// the usual uncontended admission costs no boxed future.
+    fn try_acquire(&self, key: &Key, class: TaskClass) -> Option<Permit> {
+        let _ = (key, class);
+        None
+    }
+}
+
+/// A permit for `key` in `class`: at once when [`Admission::try_acquire`] grants one, else by
+/// waiting in [`Admission::acquire`].
+pub async fn admit<A: Admission + ?Sized>(admission: &A, key: &Key, class: TaskClass) -> Permit {
+    match admission.try_acquire(key, class) {
+        Some(permit) => permit,
+        None => admission.acquire(key, class).await,
+    }
 }
 
 /// The right to run one attempt. Dropping it gives the slot back.
@@ -108,6 +125,12 @@ impl Admission for SemaphoreAdmission {
             Err(_) => std::future::pending().await,
         }
     }
+
+    fn try_acquire(&self, _: &Key, _: TaskClass) -> Option<Permit> {
+        // Tokio's semaphore hands released permits to queued waiters first, so a free permit
+        // here is one no waiter is owed.
+        self.0.clone().try_acquire_owned().ok().map(Permit::from)
+    }
 }
 
 /// Owned semaphore permits release on drop, so they are permits as they are.
@@ -137,5 +160,25 @@ mod tests {
         assert!(!slot.is_held());
         drop(permit);
         let _again = admission.acquire(&key, TaskClass::Retry).await;
+    }
+
+    #[tokio::test]
+    async fn admit_takes_a_free_permit_at_once_and_waits_for_a_taken_one() {
+        let admission = SemaphoreAdmission::new(1);
+        let key = Key::from("k");
+        let first = admission
+            .try_acquire(&key, TaskClass::Normal)
+            .expect("a free permit");
+        assert!(admission.try_acquire(&key, TaskClass::Normal).is_none());
+        let waiting = tokio::spawn({
+            let admission = admission.clone();
+            async move { admit(&admission, &Key::from("k"), TaskClass::Normal).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "the only permit is taken");
+        drop(first);
+        let _second = waiting
+            .await
+            .expect("admitted once the first permit is dropped");
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass};
+use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass, admit};
 use super::partition::{Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use super::work::{Keyed, Work};
@@ -479,7 +479,7 @@ impl Engine {
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
             let permit =
-                PermitSlot::holding(self.inner.admission.acquire(&key, TaskClass::Normal).await);
+                PermitSlot::holding(admit(&*self.inner.admission, &key, TaskClass::Normal).await);
             let (event, cancel) = {
                 let mut work = slot.work.lock();
                 let Some(next) = work.next_for(&key) else {

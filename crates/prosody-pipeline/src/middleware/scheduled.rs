@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::{Failure, Layer, Service, Task, Verdict};
-use crate::consumer::{Admission, TaskClass};
+use crate::consumer::{Admission, TaskClass, admit};
 
 /// Holds a permit while the attempt runs.
 pub struct Scheduled<S> {
@@ -42,7 +42,7 @@ impl<S: Service> Service for Scheduled<S> {
                 TaskClass::Normal
             };
             tokio::select! {
-                permit = self.admission.acquire(task.event.key(), class) => permit,
+                permit = admit(&*self.admission, task.event.key(), class) => permit,
                 () = task.cancel.cancelled() => return Err(Failure::cancelled(task.attempt)),
             }
         };

@@ -1,0 +1,235 @@
+//! The subjects of the middleware benches (`middleware`: CPU time per event, and
+//! `middleware_allocations`: heap allocations per event): the bare handler service and the
+//! pipeline-mode stack at FEATURES.md's defaults with the in-memory stores, and the events both
+//! receive.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use prosody_api::storage::Ttl;
+use prosody_api::{
+    EventContext, EventHandler, ExciseMessage, HandlerError, Headers, Key, Message, Offset,
+    Partition, SlabSize, SystemClock, Timer, Timestamp, Topic,
+};
+use prosody_pipeline::Event;
+use prosody_pipeline::consumer::{
+    Admission, Dispatch, Outcome, PermitSlot, SemaphoreAdmission, TaskClass, admit,
+};
+use prosody_pipeline::dispatch::HandlerService;
+use prosody_pipeline::kafka::loader::{LoadError, LoadRecord};
+use prosody_pipeline::middleware::dedup::DedupLayer;
+use prosody_pipeline::middleware::defer::{DeferLayer, DeferSettings, DeferStatus, NewFailures};
+use prosody_pipeline::middleware::failure_policy::Destination;
+use prosody_pipeline::middleware::monopolization::{
+    MonopolizationLayer, MonopolizationSettings, MonopolizationStatus,
+};
+use prosody_pipeline::middleware::retry::RetryPolicy;
+use prosody_pipeline::middleware::telemetry::TelemetryLayer;
+use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
+use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
+use prosody_pipeline::telemetry::SpanRelation;
+use prosody_pipeline::timers::{TimerSettings, Timers};
+use serde_json::{Value, json};
+use storage_memory::{MemoryDedupStore, MemoryDeferStore, MemoryTimerStore};
+use tokio_util::sync::CancellationToken;
+
+pub const EVENTS: usize = 200_000;
+pub const KEYS: usize = 10_000;
+pub const PARTITIONS: i32 = 8;
+const GROUP: &str = "bench";
+/// FEATURES.md section 9's `idempotenceTtlS` default.
+const WEEK: Ttl = match Ttl::from_secs(604_800) {
+    Some(ttl) => ttl,
+    None => panic!("a week is not zero"),
+};
+/// FEATURES.md section 9's `maxConcurrency` default.
+const MAX_CONCURRENCY: usize = 32;
+
+/// A handler that does nothing, as in the throughput bench.
+struct NoOp;
+
+#[async_trait]
+impl EventHandler for NoOp {
+    type Error = HandlerError;
+
+    async fn on_message(&self, _: &dyn EventContext, _: &Message) -> Result<Value, HandlerError> {
+        Ok(Value::Null)
+    }
+
+    async fn on_excise(
+        &self,
+        _: &dyn EventContext,
+        _: &ExciseMessage,
+    ) -> Result<Value, HandlerError> {
+        Ok(Value::Null)
+    }
+
+    async fn on_timer(&self, _: &dyn EventContext, _: &Timer) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// Nothing is ever deferred here, so nothing is reloaded.
+struct NoReload;
+
+#[async_trait]
+impl LoadRecord for NoReload {
+    async fn load(&self, _: &Topic, _: Partition, _: Offset) -> Result<Event, LoadError> {
+        Err(LoadError::Kafka(
+            "the middleware bench never reloads".to_owned(),
+        ))
+    }
+
+    fn forget(&self, _: &Topic, _: Partition, _: Offset) {}
+}
+
+/// A dispatch and the admission the engine would acquire its permits from.
+pub struct Subject {
+    pub name: &'static str,
+    pub dispatch: Arc<dyn Dispatch>,
+    pub admission: Arc<dyn Admission>,
+}
+
+/// The subjects, in the order the benches run them.
+pub const SUBJECTS: [fn() -> Subject; 2] = [core, pipeline];
+
+/// Admits and dispatches `event` as the engine does: a permit from the subject's admission,
+/// then `dispatch_admitted`, the permit dropped after the outcome is recorded.
+pub async fn dispatch_one(subject: &Subject, event: Event, cancel: CancellationToken) {
+    let key = event.key().clone();
+    let permit = PermitSlot::holding(admit(&*subject.admission, &key, TaskClass::Normal).await);
+    let outcome = subject
+        .dispatch
+        .dispatch_admitted(event, cancel, permit.clone())
+        .await;
+    drop(permit);
+    if outcome != Outcome::Completed {
+        eprintln!(
+            "middleware bench: {} did not complete an event",
+            subject.name
+        );
+    }
+}
+
+/// The throughput bench's `core`: the handler service alone, first come first served.
+pub fn core() -> Subject {
+    Subject {
+        name: "core",
+        dispatch: Arc::new(StackDispatch::from_service(Arc::new(HandlerService::new(
+            Arc::new(NoOp),
+        )))),
+        admission: Arc::new(SemaphoreAdmission::new(MAX_CONCURRENCY)),
+    }
+}
+
+/// The client's pipeline-mode stack with every layer at FEATURES.md's defaults, the in-memory
+/// stores and no telemetry topic: what the throughput bench's `client` dispatches to.
+pub fn pipeline() -> Subject {
+    let timers = Timers::new(
+        Arc::new(MemoryTimerStore::new(SlabSize::DEFAULT)),
+        GROUP,
+        Arc::new(SystemClock),
+        TimerSettings::default(),
+    );
+    let scheduler = Arc::new(FairScheduler::new(SchedulerSettings {
+        max_concurrency: MAX_CONCURRENCY,
+        failure_weight: 0.3,
+        max_wait: Duration::from_secs(120),
+        wait_weight: 200.0,
+        cache_size: 8192,
+    }));
+    let retry = RetryPolicy {
+        base: Duration::from_millis(20),
+        max_delay: Duration::from_secs(300),
+    };
+    let defer = DeferSettings {
+        new_failures: NewFailures::Defer,
+        base: Duration::from_secs(1),
+        max_delay: Duration::from_secs(24 * 3600),
+        failure_threshold: 0.9,
+        failure_window: Duration::from_secs(300),
+        min_samples: 20,
+        cache_size: 8192,
+    };
+    let settings = StackSettings {
+        mode: ModePolicy::Pipeline,
+        group_id: GROUP.to_owned(),
+        allowed_events: Vec::new(),
+        failures: Destination::Log,
+        timers: Some(timers.clone()),
+        retry,
+        dedup: DedupLayer {
+            store: Arc::new(MemoryDedupStore::new(SystemClock)),
+            cache_size: 8192,
+            group_id: GROUP.to_owned(),
+            version: "1".to_owned(),
+            ttl: WEEK,
+        },
+        defer: Some(DeferLayer {
+            status: DeferStatus::new(&defer),
+            settings: defer,
+            store: Arc::new(MemoryDeferStore::new()),
+            timers: timers.clone(),
+            loader: Arc::new(NoReload),
+            give_up: Destination::Log,
+        }),
+        monopolization: Some(MonopolizationLayer {
+            settings: MonopolizationSettings {
+                threshold: 0.9,
+                window: Duration::from_secs(300),
+                cache_size: 8192,
+            },
+            status: MonopolizationStatus::default(),
+        }),
+        admission: scheduler.clone(),
+        timeout: Duration::from_secs(240),
+        shutdown_timeout: Duration::from_secs(30),
+        telemetry: TelemetryLayer {
+            sink: None,
+            group_id: Arc::from(GROUP),
+            message_spans: SpanRelation::Child,
+            timer_spans: SpanRelation::FollowsFrom,
+        },
+    };
+    let handler = HandlerService::new(Arc::new(NoOp)).with_timers(timers);
+    Subject {
+        name: "pipeline",
+        dispatch: Arc::new(StackDispatch::new(settings, handler)),
+        admission: scheduler,
+    }
+}
+
+/// The events of one round: fresh ids each round so deduplication never skips one (as with a
+/// fresh topic), keys spread over partitions as Kafka's partitioner would keep them together.
+pub fn events(round: usize) -> Vec<(usize, Event)> {
+    let topic = Topic::from("bench-topic");
+    let keys: Vec<Key> = (0..KEYS)
+        .map(|index| Key::from(format!("key-{index:05}")))
+        .collect();
+    let mut offsets = [0_i64; PARTITIONS as usize];
+    (0..EVENTS)
+        .map(|sequence| {
+            let key_index = sequence % KEYS;
+            let partition = i32::try_from(key_index).unwrap_or(0) % PARTITIONS;
+            let slot = usize::try_from(partition).unwrap_or(0);
+            let offset = offsets[slot];
+            offsets[slot] += 1;
+            let event = Event::Message(Message {
+                topic: topic.clone(),
+                partition: Partition(partition),
+                offset: Offset(offset),
+                timestamp: Timestamp::from_millis(1_700_000_000_000),
+                key: keys[key_index].clone(),
+                payload: json!({
+                    "type": "bench.event",
+                    "id": format!("{round}-{sequence}"),
+                    "key": keys[key_index].as_str(),
+                    "pad": "x".repeat(40),
+                }),
+                headers: Headers::default(),
+            });
+            (slot, event)
+        })
+        .collect()
+}

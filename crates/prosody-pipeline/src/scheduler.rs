@@ -30,7 +30,7 @@ use prosody_api::Key;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::consumer::{Admission, Permit, TaskClass};
+use crate::consumer::{Admission, ChargeRunTime, Permit, TaskClass, TimedGrant};
 use crate::hashing::KeyMap;
 
 /// The scheduler's settings (FEATURES.md section 2).
@@ -148,6 +148,9 @@ pub struct FairScheduler {
     shared: Arc<Shared>,
 }
 
+/// The classes by their [`index`].
+const CLASSES: [TaskClass; 2] = [TaskClass::Normal, TaskClass::Retry];
+
 fn index(class: TaskClass) -> usize {
     match class {
         TaskClass::Normal => 0,
@@ -198,36 +201,24 @@ impl FairScheduler {
     }
 }
 
-/// Returns the slot and charges the run time when dropped.
-struct Running {
-    shared: Arc<Shared>,
-    /// Taken by `drop` (an `Option` rather than a placeholder key, which cost an allocation
-    /// per event).
-    key: Option<Key>,
-    class: usize,
-    since: Instant,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let ran = self.since.elapsed();
-        let Some(key) = self.key.take() else {
-            return;
-        };
-        let capacity = usize::try_from(self.shared.settings.cache_size)
+/// Returns the slot and charges the run time to the key.
+impl ChargeRunTime for Shared {
+    fn release(self: Arc<Self>, key: Key, class: TaskClass, ran: Duration) {
+        let class = index(class);
+        let capacity = usize::try_from(self.settings.cache_size)
             .unwrap_or(usize::MAX)
             .max(1);
         let unwanted = {
-            let mut state = self.shared.state.lock();
-            state.charge(self.class, key, nanos(ran), capacity);
+            let mut state = self.state.lock();
+            state.charge(class, key, nanos(ran), capacity);
             #[allow(
                 clippy::cast_precision_loss,
                 reason = "run times are far below 2^52 ns"
             )]
-            let weighted = nanos(ran) as f64 / self.shared.weights[self.class];
-            state.class_time[self.class] += weighted;
+            let weighted = nanos(ran) as f64 / self.weights[class];
+            state.class_time[class] += weighted;
             state.free += 1;
-            self.shared.grant(&mut state)
+            self.grant(&mut state)
         };
         // Dropped unlocked: each returns its slot through this same code.
         drop(unwanted);
@@ -236,12 +227,8 @@ impl Drop for Running {
 
 impl Shared {
     fn permit(self: &Arc<Self>, key: Key, class: usize) -> Permit {
-        Permit::new(Running {
-            shared: self.clone(),
-            key: Some(key),
-            class,
-            since: Instant::now(),
-        })
+        let owner: Arc<dyn ChargeRunTime> = self.clone();
+        Permit::from(TimedGrant::new(owner, key, CLASSES[class]))
     }
 
     /// The priority of a waiter: lower runs first.

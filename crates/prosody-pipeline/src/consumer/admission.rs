@@ -9,11 +9,14 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody_api::Key;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+// Tokio's clock, so tests that pause time see the run times they advance.
+use tokio::time::Instant;
 
 /// The two pools of run time the scheduler keeps apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,16 +53,28 @@ pub async fn admit<A: Admission + ?Sized>(admission: &A, key: &Key, class: TaskC
 }
 
 /// The right to run one attempt. Dropping it gives the slot back.
+///
+/// The two admissions of this crate release without a boxed value (a permit is taken per
+/// event, and an allocation per event showed in profiles): a semaphore permit as it is, and a
+/// [`TimedGrant`] that reports its key's run time to the admission that granted it.
 pub struct Permit {
-    // Held only for its `Drop`: each admission returns its slot there.
-    _release: Box<dyn Send + Sync>,
+    _held: Held,
+}
+
+/// Each kind is held only for its `Drop`.
+enum Held {
+    Semaphore { _permit: OwnedSemaphorePermit },
+    Timed { _grant: TimedGrant },
+    Other { _release: Box<dyn Send + Sync> },
 }
 
 impl Permit {
     /// A permit that runs `release`'s `Drop` when it is dropped.
     pub fn new(release: impl Send + Sync + 'static) -> Self {
         Self {
-            _release: Box::new(release),
+            _held: Held::Other {
+                _release: Box::new(release),
+            },
         }
     }
 }
@@ -67,6 +82,52 @@ impl Permit {
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Permit")
+    }
+}
+
+/// An admission that wants to know how long each granted attempt ran (the fair scheduler
+/// charges it to the key).
+pub trait ChargeRunTime: Send + Sync + 'static {
+    /// Takes back the slot granted to `key` in `class`, which was held for `ran`. Receives
+    /// its own `Arc` (the grant's) so it can hand the slot on as a new grant.
+    fn release(self: Arc<Self>, key: Key, class: TaskClass, ran: Duration);
+}
+
+/// A slot granted to a key in a class at a moment; dropping it reports the time held to the
+/// admission that granted it.
+pub struct TimedGrant {
+    /// The granting admission and the key, taken by `drop` (an `Option` rather than a
+    /// placeholder key, which would cost an allocation per event).
+    holder: Option<(Arc<dyn ChargeRunTime>, Key)>,
+    class: TaskClass,
+    since: Instant,
+}
+
+impl TimedGrant {
+    /// A grant by `owner` to `key` in `class`, starting now.
+    #[must_use]
+    pub fn new(owner: Arc<dyn ChargeRunTime>, key: Key, class: TaskClass) -> Self {
+        Self {
+            holder: Some((owner, key)),
+            class,
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Drop for TimedGrant {
+    fn drop(&mut self) {
+        if let Some((owner, key)) = self.holder.take() {
+            owner.release(key, self.class, self.since.elapsed());
+        }
+    }
+}
+
+impl From<TimedGrant> for Permit {
+    fn from(grant: TimedGrant) -> Self {
+        Self {
+            _held: Held::Timed { _grant: grant },
+        }
     }
 }
 
@@ -136,7 +197,9 @@ impl Admission for SemaphoreAdmission {
 /// Owned semaphore permits release on drop, so they are permits as they are.
 impl From<OwnedSemaphorePermit> for Permit {
     fn from(permit: OwnedSemaphorePermit) -> Self {
-        Self::new(permit)
+        Self {
+            _held: Held::Semaphore { _permit: permit },
+        }
     }
 }
 

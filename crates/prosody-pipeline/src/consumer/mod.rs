@@ -9,6 +9,8 @@ pub mod topic_partition;
 pub mod wakeup;
 pub mod work;
 
-pub use admission::{Admission, Permit, PermitSlot, SemaphoreAdmission, TaskClass, admit};
+pub use admission::{
+    Admission, ChargeRunTime, Permit, PermitSlot, SemaphoreAdmission, TaskClass, TimedGrant, admit,
+};
 pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome, RevocationHook};
 pub use topic_partition::TopicPartition;

@@ -9,12 +9,15 @@
 //! permit, then `dispatch_admitted`), on one thread, so the figure is the CPU the layers add per
 //! event and the rounds' medians are stable enough to compare two builds.
 //!
-//! Run: `cargo bench -p prosody-pipeline --bench middleware [-- ROUNDS]` (default 5 rounds of
-//! 200,000 events over 10,000 keys and 8 partitions, ~100-byte payloads with an `id`).
+//! Run: `cargo bench -p prosody-pipeline --bench middleware [-- ROUNDS] [--only NAME]` (default
+//! 5 rounds of 200,000 events over 10,000 keys and 8 partitions, ~100-byte payloads with an
+//! `id`; `--only core` or `--only pipeline` runs one subject). `scripts/bench-instructions` runs
+//! it under callgrind for instruction counts, which do not move between runs at all.
 use std::time::{Duration, Instant};
 
 use prosody_pipeline::Event;
 use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, Subject, dispatch_one, events};
+use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
 #[path = "common/subjects.rs"]
@@ -51,13 +54,49 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[(samples.len() - 1) / 2]
 }
 
+/// Runs one round of `subject` over `events` to completion and returns its CPU time per event.
+/// Never inlined: `scripts/bench-instructions` counts the instructions executed inside this
+/// function (callgrind's `--toggle-collect`), so the events' construction stays out of the count.
+#[inline(never)]
+fn measure(runtime: &Runtime, subject: &Subject, events: Vec<(usize, Event)>) -> Duration {
+    runtime.block_on(run(subject, events))
+}
+
+/// The command line: `[ROUNDS] [--only NAME]`.
+struct Options {
+    rounds: usize,
+    only: Option<String>,
+}
+
+impl Options {
+    fn parse() -> Result<Self, String> {
+        let mut options = Self {
+            rounds: 5,
+            only: None,
+        };
+        let mut args = std::env::args().skip(1).filter(|arg| arg != "--bench");
+        while let Some(arg) = args.next() {
+            if arg == "--only" {
+                options.only = Some(args.next().ok_or("--only needs a subject name")?);
+            } else {
+                options.rounds = arg
+                    .parse::<usize>()
+                    .map_err(|_| format!("rounds must be a whole number, got {arg:?}"))?
+                    .max(1);
+            }
+        }
+        Ok(options)
+    }
+}
+
 fn main() {
-    let rounds: usize = std::env::args()
-        .skip(1)
-        .find(|arg| arg != "--bench")
-        .and_then(|arg| arg.parse().ok())
-        .unwrap_or(5)
-        .max(1);
+    let options = match Options::parse() {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("middleware bench: {error}");
+            std::process::exit(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -68,32 +107,49 @@ fn main() {
             std::process::exit(1);
         }
     };
-    runtime.block_on(async {
-        // A fresh stack per round, as a fresh subscription has, so no round inherits a store
-        // grown by the earlier ones; its caches warm up within the first of 20 events per key.
-        let mut samples = vec![Vec::new(); SUBJECTS.len()];
-        let mut names = ["", ""];
-        println!(
-            "{EVENTS} events, {KEYS} keys, {PARTITIONS} partitions, {rounds} rounds, CPU time per event"
-        );
-        for round in 0..rounds {
-            for ((build, samples), name) in SUBJECTS.iter().zip(&mut samples).zip(&mut names) {
-                let subject = build();
-                *name = subject.name;
-                let per_event = run(&subject, events(round)).await;
-                println!("round {round} {}: {} ns/event", subject.name, per_event.as_nanos());
-                samples.push(per_event);
-            }
+    let builds: Vec<fn() -> Subject> = SUBJECTS
+        .into_iter()
+        .filter(|build| {
+            options
+                .only
+                .as_ref()
+                .is_none_or(|only| runtime.block_on(async { build().name == *only }))
+        })
+        .collect();
+    if builds.is_empty() {
+        eprintln!("middleware bench: --only names no subject (core, pipeline)");
+        std::process::exit(2);
+    }
+    let rounds = options.rounds;
+    // A fresh stack per round, as a fresh subscription has, so no round inherits a store grown
+    // by the earlier ones; its caches warm up within the first of 20 events per key.
+    let mut samples = vec![Vec::new(); builds.len()];
+    let mut names = vec![""; builds.len()];
+    println!(
+        "{EVENTS} events, {KEYS} keys, {PARTITIONS} partitions, {rounds} rounds, CPU time per event"
+    );
+    for round in 0..rounds {
+        for ((build, samples), name) in builds.iter().zip(&mut samples).zip(&mut names) {
+            let subject = runtime.block_on(async { build() });
+            *name = subject.name;
+            let per_event = measure(&runtime, &subject, events(round));
+            println!(
+                "round {round} {}: {} ns/event",
+                subject.name,
+                per_event.as_nanos()
+            );
+            samples.push(per_event);
         }
-        let medians: Vec<Duration> = samples.into_iter().map(median).collect();
-        for (name, median) in names.iter().zip(&medians) {
-            println!("{name} median: {} ns/event", median.as_nanos());
-        }
-        let (core, pipeline) = (medians[0].as_secs_f64(), medians[1].as_secs_f64());
+    }
+    let medians: Vec<Duration> = samples.into_iter().map(median).collect();
+    for (name, median) in names.iter().zip(&medians) {
+        println!("{name} median: {} ns/event", median.as_nanos());
+    }
+    if let [core, pipeline] = medians[..] {
         println!(
             "middleware per event: {} ns (pipeline/core {:.2}x)",
-            medians[1].saturating_sub(medians[0]).as_nanos(),
-            pipeline / core
+            pipeline.saturating_sub(core).as_nanos(),
+            pipeline.as_secs_f64() / core.as_secs_f64()
         );
-    });
+    }
 }

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use prosody_api::StorageError;
 use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::unprepared::Statement;
 
 use crate::errors::{CassandraError, query_error};
 use crate::session::Db;
@@ -217,11 +218,16 @@ async fn prepare_visible(
 }
 
 /// Runs one schema statement. DDL is the one kind of statement this crate does not prepare:
-/// each runs once per keyspace, and the driver waits for schema agreement after it.
+/// each runs once per keyspace, and the driver waits for schema agreement after it. Every
+/// statement is `IF NOT EXISTS` (a test checks the embedded ones), so it is marked idempotent:
+/// the driver's retry policy then retries it after a broken connection or an overloaded or
+/// server error, which a node that has only just started may answer, instead of failing the
+/// whole start-up (it retries only idempotent statements on those).
 async fn ddl(db: &Db, statement: &str) -> Result<(), CassandraError> {
-    let cql = statement.replace("{ks}", &db.keyspace);
+    let mut cql = Statement::new(statement.replace("{ks}", &db.keyspace));
+    cql.set_is_idempotent(true);
     db.session
-        .query_unpaged(cql.as_str(), ())
+        .query_unpaged(cql, ())
         .await
         .map_err(|error| query_error(OPERATION, "schema", error))?;
     Ok(())

@@ -58,6 +58,11 @@ impl Hasher for FoldedHasher {
         }
     }
 
+    fn write_u64(&mut self, value: u64) {
+        // A small number kept beside a digest (an epoch, say): mixed in whole.
+        self.0 = self.0.rotate_left(8) ^ value;
+    }
+
     #[allow(
         clippy::cast_possible_truncation,
         reason = "folding the halves is the point"

@@ -21,6 +21,9 @@ use crate::sweep::SweepSchedule;
 #[derive(Clone, Debug)]
 pub struct MemoryDedupStore {
     clock: Arc<dyn Clock>,
+    /// Outside the lock: digesting is most of an operation's work, and every partition's
+    /// handlers share this one lock.
+    digester: Digester,
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -28,10 +31,9 @@ pub struct MemoryDedupStore {
 struct Inner {
     expiries: DigestMap<SystemTime>,
     sweep: SweepSchedule,
-    digester: Digester,
 }
 
-impl Inner {
+impl MemoryDedupStore {
     fn digest(&self, scope: &PartitionScope, record: &DedupRecord) -> u128 {
         let fields = (
             scope.group.as_str(),
@@ -50,10 +52,10 @@ impl MemoryDedupStore {
     pub fn new(clock: impl Clock + 'static) -> Self {
         Self {
             clock: Arc::new(clock),
+            digester: Digester::default(),
             inner: Arc::new(Mutex::new(Inner {
                 expiries: DigestMap::default(),
                 sweep: SweepSchedule::new(),
-                digester: Digester::default(),
             })),
         }
     }
@@ -80,8 +82,8 @@ impl DedupStore for MemoryDedupStore {
         ttl: Ttl,
     ) -> Result<(), StorageError> {
         let now = self.clock.now();
+        let digest = self.digest(scope, record);
         let mut inner = self.inner.lock();
-        let digest = inner.digest(scope, record);
         inner.expiries.insert(digest, ttl.expires_at(now));
         if inner.sweep.due(inner.expiries.len()) {
             inner.expiries.retain(|_, expiry| now < *expiry);
@@ -97,10 +99,12 @@ impl DedupStore for MemoryDedupStore {
         record: &DedupRecord,
     ) -> Result<bool, StorageError> {
         let now = self.clock.now();
-        let inner = self.inner.lock();
-        Ok(inner
+        let digest = self.digest(scope, record);
+        Ok(self
+            .inner
+            .lock()
             .expiries
-            .get(&inner.digest(scope, record))
+            .get(&digest)
             .is_some_and(|expiry| now < *expiry))
     }
 }

@@ -35,13 +35,14 @@
 //! only writer); a revocation (the partition's cancellation) starts a new cache epoch so a
 //! partition that comes back is read from the store again.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
-use prosody_api::digest::{DigestMap, Digester};
+use prosody_api::digest::{Digester, FoldedHasher};
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
 use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
 use serde_json::Value;
@@ -335,11 +336,12 @@ impl KeyWork {
     }
 }
 
-/// The cache's notion of a key: a 128-bit digest of (topic, partition, epoch, key). A digest
-/// rather than the strings: no clones of the shared topic and key per event and no string
-/// comparisons on lookup; a collision (which would mix two keys' deferred work) is vanishingly
-/// unlikely, the dedup cache's argument.
-type CacheKey = u128;
+/// The cache's notion of a key: a 128-bit digest of (topic, partition, key) and the epoch of
+/// the partition's ownership. A digest rather than the strings: no clones of the shared topic
+/// and key per event and no string comparisons on lookup; a collision (which would mix two
+/// keys' deferred work) is vanishingly unlikely, the dedup cache's argument. The epoch is kept
+/// beside the digest rather than in it so the digest is taken before the cache's lock.
+type CacheKey = (u128, u64);
 
 /// Where one event's key lives, and its deferred work if the cache holds it (looked up under
 /// the same lock as the epoch: one lock per event on the common path). The storage scope is
@@ -372,6 +374,8 @@ pub struct Defer<S> {
     status: DeferStatus,
     give_up: Destination,
     cache: Mutex<Cache>,
+    /// Digests keys for the cache, outside its lock (which every partition's handlers share).
+    digester: Digester,
     /// The work of every key with nothing deferred.
     nothing: Arc<KeyWork>,
     inner: S,
@@ -384,8 +388,7 @@ struct Cache {
     capacity: usize,
     epochs: KeyMap<(Topic, Partition), (CancellationToken, u64)>,
     next_epoch: u64,
-    work: DigestMap<Arc<KeyWork>>,
-    digester: Digester,
+    work: HashMap<CacheKey, Arc<KeyWork>, BuildHasherDefault<FoldedHasher>>,
 }
 
 impl Cache {
@@ -447,6 +450,7 @@ impl Layer for DeferLayer {
                     .max(1),
                 ..Cache::default()
             }),
+            digester: Digester::default(),
             settings: self.settings,
             store: self.store,
             timers: self.timers,
@@ -496,6 +500,9 @@ impl<S: Service> Defer<S> {
     fn place<'t>(&self, task: &'t Task) -> Place<'t> {
         let (topic, partition) = task.event.source();
         let key = task.event.key();
+        let key_digest = self
+            .digester
+            .digest((topic.as_str(), partition.0, key.as_str()));
         let mut cache = self.cache.lock();
         let epoch = match cache.epochs.get(&(topic.clone(), partition)) {
             Some((token, epoch)) if !token.is_cancelled() => *epoch,
@@ -511,9 +518,7 @@ impl<S: Service> Defer<S> {
                 epoch
             }
         };
-        let cache_key = cache
-            .digester
-            .digest((topic.as_str(), partition.0, epoch, key.as_str()));
+        let cache_key = (key_digest, epoch);
         let cached = cache.work.get(&cache_key).cloned();
         drop(cache);
         Place {

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use prosody_pipeline::Event;
-use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, Subject, dispatch_one, events};
+use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, Subject, VARIANTS, dispatch_one, events};
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
@@ -107,17 +107,25 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let builds: Vec<fn() -> Subject> = SUBJECTS
-        .into_iter()
-        .filter(|build| {
-            options
-                .only
-                .as_ref()
-                .is_none_or(|only| runtime.block_on(async { build().name == *only }))
-        })
-        .collect();
+    // By default the two subjects; `--only` picks one of them or of the pipeline's variants.
+    let builds: Vec<fn() -> Subject> = match &options.only {
+        None => SUBJECTS.to_vec(),
+        Some(only) => SUBJECTS
+            .into_iter()
+            .chain(VARIANTS)
+            .filter(|build| runtime.block_on(async { build().name == *only }))
+            .collect(),
+    };
     if builds.is_empty() {
-        eprintln!("middleware bench: --only names no subject (core, pipeline)");
+        let names: Vec<&str> = SUBJECTS
+            .into_iter()
+            .chain(VARIANTS)
+            .map(|build| runtime.block_on(async { build().name }))
+            .collect();
+        eprintln!(
+            "middleware bench: --only names no subject ({})",
+            names.join(", ")
+        );
         std::process::exit(2);
     }
     let rounds = options.rounds;
@@ -132,7 +140,8 @@ fn main() {
         for ((build, samples), name) in builds.iter().zip(&mut samples).zip(&mut names) {
             let subject = runtime.block_on(async { build() });
             *name = subject.name;
-            let per_event = measure(&runtime, &subject, events(round));
+            let events = events(round, subject.ids);
+            let per_event = measure(&runtime, &subject, events);
             println!(
                 "round {round} {}: {} ns/event",
                 subject.name,

@@ -13,7 +13,7 @@
 use std::alloc::System;
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
-use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, dispatch_one, events};
+use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, VARIANTS, dispatch_one, events};
 use tokio_util::sync::CancellationToken;
 
 #[path = "common/subjects.rs"]
@@ -38,13 +38,14 @@ fn main() {
             "{EVENTS} events, {KEYS} keys, {PARTITIONS} partitions, heap allocations per event"
         );
         let mut per_event = Vec::new();
-        for build in SUBJECTS {
+        // The pipeline's variants after the two subjects: what each part allocates per event.
+        for build in SUBJECTS.into_iter().chain(VARIANTS) {
             let subject = build();
             let cancel: Vec<CancellationToken> =
                 (0..PARTITIONS).map(|_| CancellationToken::new()).collect();
             let mut measured = None;
             for round in 0..2 {
-                let events = events(round);
+                let events = events(round, subject.ids);
                 let region = Region::new(GLOBAL);
                 for (partition, event) in events {
                     dispatch_one(&subject, event, cancel[partition].clone()).await;
@@ -66,7 +67,7 @@ fn main() {
             );
             per_event.push(allocations);
         }
-        if let [core, pipeline] = per_event[..] {
+        if let [core, pipeline, ..] = per_event[..] {
             println!("middleware: {:.2} allocations per event", pipeline - core);
         }
     });

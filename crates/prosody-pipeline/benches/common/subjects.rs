@@ -89,10 +89,33 @@ pub struct Subject {
     pub name: &'static str,
     pub dispatch: Arc<dyn Dispatch>,
     pub admission: Arc<dyn Admission>,
+    /// Whether the subject's events carry a payload `id` (only those are deduplicated).
+    pub ids: bool,
 }
 
 /// The subjects, in the order the benches run them.
 pub const SUBJECTS: [fn() -> Subject; 2] = [core, pipeline];
+
+/// The pipeline with one part left out or replaced, each named for what it lacks: run by name
+/// (`--only`), the difference to `pipeline` is what that part costs per event. The timeout and
+/// telemetry layers are in every stack and have no variant.
+pub const VARIANTS: [fn() -> Subject; 4] = [
+    || pipeline_without(Part::Dedup),
+    || pipeline_without(Part::Defer),
+    || pipeline_without(Part::Monopolization),
+    || pipeline_without(Part::FairScheduler),
+];
+
+/// A part of the pipeline a variant goes without.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Payloads carry no `id`, so the dedup layer only looks for one.
+    Dedup,
+    Defer,
+    Monopolization,
+    /// A first come, first served semaphore admits instead.
+    FairScheduler,
+}
 
 /// Admits and dispatches `event` as the engine does: a permit from the subject's admission,
 /// then `dispatch_admitted`, the permit dropped after the outcome is recorded.
@@ -120,25 +143,45 @@ pub fn core() -> Subject {
             Arc::new(NoOp),
         )))),
         admission: Arc::new(SemaphoreAdmission::new(MAX_CONCURRENCY)),
+        ids: true,
     }
 }
 
 /// The client's pipeline-mode stack with every layer at FEATURES.md's defaults, the in-memory
 /// stores and no telemetry topic: what the throughput bench's `client` dispatches to.
 pub fn pipeline() -> Subject {
+    pipeline_of("pipeline", None)
+}
+
+fn pipeline_without(part: Part) -> Subject {
+    let name = match part {
+        Part::Dedup => "pipeline-without-dedup",
+        Part::Defer => "pipeline-without-defer",
+        Part::Monopolization => "pipeline-without-monopolization",
+        Part::FairScheduler => "pipeline-with-semaphore",
+    };
+    pipeline_of(name, Some(part))
+}
+
+fn pipeline_of(name: &'static str, without: Option<Part>) -> Subject {
+    let has = |part| without != Some(part);
     let timers = Timers::new(
         Arc::new(MemoryTimerStore::new(SlabSize::DEFAULT)),
         GROUP,
         Arc::new(SystemClock),
         TimerSettings::default(),
     );
-    let scheduler = Arc::new(FairScheduler::new(SchedulerSettings {
-        max_concurrency: MAX_CONCURRENCY,
-        failure_weight: 0.3,
-        max_wait: Duration::from_secs(120),
-        wait_weight: 200.0,
-        cache_size: 8192,
-    }));
+    let admission: Arc<dyn Admission> = if has(Part::FairScheduler) {
+        Arc::new(FairScheduler::new(SchedulerSettings {
+            max_concurrency: MAX_CONCURRENCY,
+            failure_weight: 0.3,
+            max_wait: Duration::from_secs(120),
+            wait_weight: 200.0,
+            cache_size: 8192,
+        }))
+    } else {
+        Arc::new(SemaphoreAdmission::new(MAX_CONCURRENCY))
+    };
     let retry = RetryPolicy {
         base: Duration::from_millis(20),
         max_delay: Duration::from_secs(300),
@@ -166,7 +209,7 @@ pub fn pipeline() -> Subject {
             version: "1".to_owned(),
             ttl: WEEK,
         },
-        defer: Some(DeferLayer {
+        defer: has(Part::Defer).then(|| DeferLayer {
             status: DeferStatus::new(&defer),
             settings: defer,
             store: Arc::new(MemoryDeferStore::new()),
@@ -174,7 +217,7 @@ pub fn pipeline() -> Subject {
             loader: Arc::new(NoReload),
             give_up: Destination::Log,
         }),
-        monopolization: Some(MonopolizationLayer {
+        monopolization: has(Part::Monopolization).then(|| MonopolizationLayer {
             settings: MonopolizationSettings {
                 threshold: 0.9,
                 window: Duration::from_secs(300),
@@ -182,7 +225,7 @@ pub fn pipeline() -> Subject {
             },
             status: MonopolizationStatus::default(),
         }),
-        admission: scheduler.clone(),
+        admission: admission.clone(),
         timeout: Duration::from_secs(240),
         shutdown_timeout: Duration::from_secs(30),
         telemetry: TelemetryLayer {
@@ -194,15 +237,18 @@ pub fn pipeline() -> Subject {
     };
     let handler = HandlerService::new(Arc::new(NoOp)).with_timers(timers);
     Subject {
-        name: "pipeline",
+        name,
         dispatch: Arc::new(StackDispatch::new(settings, handler)),
-        admission: scheduler,
+        admission,
+        ids: has(Part::Dedup),
     }
 }
 
 /// The events of one round: fresh ids each round so deduplication never skips one (as with a
 /// fresh topic), keys spread over partitions as Kafka's partitioner would keep them together.
-pub fn events(round: usize) -> Vec<(usize, Event)> {
+/// Without `ids` the payloads have `"id": null` instead: not deduplicated, and one string
+/// fewer to free (a few dozen instructions of the difference).
+pub fn events(round: usize, ids: bool) -> Vec<(usize, Event)> {
     let topic = Topic::from("bench-topic");
     let keys: Vec<Key> = (0..KEYS)
         .map(|index| Key::from(format!("key-{index:05}")))
@@ -223,7 +269,7 @@ pub fn events(round: usize) -> Vec<(usize, Event)> {
                 key: keys[key_index].clone(),
                 payload: json!({
                     "type": "bench.event",
-                    "id": format!("{round}-{sequence}"),
+                    "id": if ids { Value::from(format!("{round}-{sequence}")) } else { Value::Null },
                     "key": keys[key_index].as_str(),
                     "pad": "x".repeat(40),
                 }),

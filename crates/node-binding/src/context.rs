@@ -3,14 +3,14 @@
 //! A handler gets `&dyn EventContext` borrowed for the duration of one attempt, while the
 //! JavaScript handler runs on the Node.js thread and calls `context.schedule(...)` whenever it
 //! likes. Rather than smuggling the borrow out (which would need `unsafe` and outlive-the-attempt
-//! checks), every live attempt gets an id and a bounded request channel in a process-wide
-//! registry. JavaScript sends a request by id; the attempt's own future (see
-//! [`crate::handler`]) receives it and serves it with the borrowed context, concurrently with
-//! awaiting the handler's promise. When the attempt ends its registry slot is removed, so a
+//! checks), every live attempt gets an id and an inbox in a process-wide registry. JavaScript
+//! puts a request in the inbox by id; the attempt's own future (see [`crate::handler`]) takes
+//! it and serves it with the borrowed context, concurrently with awaiting the handler's
+//! promise, whose settlement arrives through the same inbox. When the attempt ends its registry slot is removed, so a
 //! context used afterwards fails with [`ContextError::AttemptEnded`] and changes nothing, as the
 //! API contract requires.
 //!
-//! Timers are served here. Keyed state does not need the channel: the slot also keeps the
+//! Timers are served here. Keyed state does not need the inbox: the slot also keeps the
 //! attempt's owned state binder ([`KeyedStateContext::owned_state`]), so `context.state()`
 //! binds synchronously on the Node.js thread and the handle it returns calls the Rust runtime
 //! directly (see [`crate::state`]).
@@ -22,13 +22,11 @@ use std::sync::{Arc, LazyLock};
 use napi_derive::napi;
 use parking_lot::Mutex;
 use prosody::api::{ContextError, EventContext, KeyedStateContext, TimerTime};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::futures::Notified;
+use tokio::sync::{Notify, oneshot};
 
 use crate::errors::{ErrorKind, classified};
 use crate::state::{NativeState, bind, state_error};
-
-/// Requests one attempt may have waiting before JavaScript's next request waits for room.
-const REQUEST_QUEUE: usize = 64;
 
 /// One operation on the current key's context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,10 +68,34 @@ impl ContextRequest {
 }
 
 struct Slot {
-    requests: mpsc::Sender<ContextRequest>,
-    cancelled: Arc<AtomicBool>,
-    done: Option<oneshot::Sender<Completion>>,
+    shared: Arc<Shared>,
     state: Option<Arc<dyn KeyedStateContext>>,
+}
+
+/// What an attempt shares with JavaScript's side: one allocation per attempt. (A request
+/// channel, a completion channel and a cancellation flag were four, two of them over glibc's
+/// 1 KiB fast-path limit: tokio's channel allocates a block of 32 slots.)
+#[derive(Debug, Default)]
+struct Shared {
+    cancelled: AtomicBool,
+    inbox: Mutex<Inbox>,
+    /// Wakes the attempt's future after something was put in the inbox.
+    arrived: Notify,
+}
+
+/// What JavaScript sent an attempt since its future last looked.
+#[derive(Debug, Default)]
+struct Inbox {
+    requests: Vec<ContextRequest>,
+    completion: Option<Completion>,
+}
+
+impl Shared {
+    fn deliver(&self, put: impl FnOnce(&mut Inbox)) {
+        put(&mut self.inbox.lock());
+        // One waiter, the attempt's future; a permit is kept when it is not waiting yet.
+        self.arrived.notify_one();
+    }
 }
 
 /// How JavaScript reported the end of an attempt's handler: `None` when it answered
@@ -92,24 +114,23 @@ static LIVE: LazyLock<Mutex<Registry>> = LazyLock::new(|| Mutex::new(Registry::d
 #[derive(Debug)]
 pub struct Attempt {
     id: u32,
-    cancelled: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+}
+
+/// What an attempt's future finds in its inbox (see [`Attempt::take`]).
+pub struct Arrived {
+    /// Context requests to serve.
+    pub requests: Vec<ContextRequest>,
+    /// The handler's settlement, once JavaScript reported it.
+    pub completion: Option<Completion>,
 }
 
 impl Attempt {
     /// Registers a new attempt, with the owned binder of its keyed state (`None` without
-    /// collections), and returns it with the receiving end of its request channel and the
-    /// receiver of its completion (see [`complete`]).
+    /// collections).
     #[must_use]
-    pub fn open(
-        state: Option<Arc<dyn KeyedStateContext>>,
-    ) -> (
-        Self,
-        mpsc::Receiver<ContextRequest>,
-        oneshot::Receiver<Completion>,
-    ) {
-        let (requests, receiver) = mpsc::channel(REQUEST_QUEUE);
-        let (done, completion) = oneshot::channel();
-        let cancelled = Arc::new(AtomicBool::new(false));
+    pub fn open(state: Option<Arc<dyn KeyedStateContext>>) -> Self {
+        let shared = Arc::new(Shared::default());
         let mut live = LIVE.lock();
         let mut id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         // Ids wrap after 2^32 attempts; skip 0 (JavaScript's "no attempt") and ids still live.
@@ -119,13 +140,11 @@ impl Attempt {
         live.insert(
             id,
             Slot {
-                requests,
-                cancelled: cancelled.clone(),
-                done: Some(done),
+                shared: shared.clone(),
                 state,
             },
         );
-        (Self { id, cancelled }, receiver, completion)
+        Self { id, shared }
     }
 
     /// The id JavaScript names this attempt by.
@@ -136,7 +155,25 @@ impl Attempt {
 
     /// Records that the attempt was asked to stop (`context.shouldCancel`).
     pub fn mark_cancelled(&self) {
-        self.cancelled.store(true, Ordering::SeqCst);
+        self.shared.cancelled.store(true, Ordering::SeqCst);
+    }
+
+    /// Resolves when something arrives in the inbox after this was created and
+    /// [enabled](Notified::enable), or arrived before and was not waited for yet: create it,
+    /// enable it, then [`take`](Self::take), and nothing arriving in between is missed.
+    pub fn arrival(&self) -> Notified<'_> {
+        self.shared.arrived.notified()
+    }
+
+    /// Takes what arrived: requests in the order JavaScript made them, and the completion
+    /// (the first one reported).
+    #[must_use]
+    pub fn take(&self) -> Arrived {
+        let mut inbox = self.shared.inbox.lock();
+        Arrived {
+            requests: std::mem::take(&mut inbox.requests),
+            completion: inbox.completion.take(),
+        }
     }
 }
 
@@ -149,35 +186,34 @@ impl Drop for Attempt {
 /// Completes attempts: each `(id, completion)` is delivered to the attempt's waiting future.
 /// Unknown ids (attempts that already ended, e.g. after a cancellation) are ignored.
 pub fn complete(completions: impl IntoIterator<Item = (u32, Completion)>) {
-    // Sent after the lock is released: each send wakes a task, which may wake a parked worker
+    // Delivered after the lock is released: each wakes a task, which may wake a parked worker
     // (a system call), and the workers need this lock to start and end their attempts.
     let ready: Vec<_> = {
-        let mut live = LIVE.lock();
+        let live = LIVE.lock();
         completions
             .into_iter()
-            .filter_map(|(id, completion)| {
-                let done = live.get_mut(&id)?.done.take()?;
-                Some((done, completion))
-            })
+            .filter_map(|(id, completion)| Some((live.get(&id)?.shared.clone(), completion)))
             .collect()
     };
-    for (done, completion) in ready {
-        let _ = done.send(completion);
+    for (shared, completion) in ready {
+        shared.deliver(|inbox| {
+            inbox.completion.get_or_insert(completion);
+        });
     }
 }
 
-fn sender_of(id: u32) -> Option<mpsc::Sender<ContextRequest>> {
-    LIVE.lock().get(&id).map(|slot| slot.requests.clone())
+fn shared_of(id: u32) -> Option<Arc<Shared>> {
+    LIVE.lock().get(&id).map(|slot| slot.shared.clone())
 }
 
 async fn request(id: u32, op: ContextOp) -> napi::Result<Vec<TimerTime>> {
     let ended = || classified(ErrorKind::Context, &ContextError::AttemptEnded);
-    let sender = sender_of(id).ok_or_else(ended)?;
+    let shared = shared_of(id).ok_or_else(ended)?;
     let (reply, answer) = oneshot::channel();
-    sender
-        .send(ContextRequest { op, reply })
-        .await
-        .map_err(|_| ended())?;
+    // A request that arrives as the attempt ends is dropped with its inbox, and with it
+    // `reply`: the answer below is then AttemptEnded.
+    shared.deliver(|inbox| inbox.requests.push(ContextRequest { op, reply }));
+    drop(shared);
     answer
         .await
         .map_err(|_| ended())?
@@ -190,7 +226,7 @@ async fn request(id: u32, op: ContextOp) -> napi::Result<Vec<TimerTime>> {
 pub fn context_should_cancel(id: u32) -> bool {
     LIVE.lock()
         .get(&id)
-        .is_none_or(|slot| slot.cancelled.load(Ordering::SeqCst))
+        .is_none_or(|slot| slot.shared.cancelled.load(Ordering::SeqCst))
 }
 
 /// The timer operations of `context`, by code: 0 `schedule`, 1 `clearAndSchedule`,
@@ -243,22 +279,63 @@ mod tests {
 
     #[test]
     fn ended_attempts_report_cancel_and_are_gone() {
-        let (attempt, _requests, completion) = Attempt::open(None);
+        let attempt = Attempt::open(None);
         let id = attempt.id();
+        assert!(attempt.take().completion.is_none());
         complete([(id, None)]);
-        assert_eq!(completion.blocking_recv().ok(), Some(None));
+        complete([(id, Some(crate::handler::HandlerReply::default()))]);
+        assert_eq!(
+            attempt.take().completion,
+            Some(None),
+            "the first report wins"
+        );
+        assert_eq!(attempt.take().completion, None, "taken once");
         assert!(!context_should_cancel(id));
         attempt.mark_cancelled();
         assert!(context_should_cancel(id));
         drop(attempt);
-        assert!(sender_of(id).is_none());
+        assert!(shared_of(id).is_none());
         assert!(context_should_cancel(id));
+    }
+
+    #[tokio::test]
+    async fn arrivals_wake_the_attempt_whether_it_waits_already_or_not() {
+        let attempt = Attempt::open(None);
+        complete([(attempt.id(), None)]);
+        // Reported before anyone waited: the kept permit resolves the wait at once.
+        attempt.arrival().await;
+        assert_eq!(attempt.take().completion, Some(None));
+        let id = attempt.id();
+        let (waiting_tx, waiting) = oneshot::channel();
+        let attempt_task = tokio::spawn(async move {
+            let arrival = attempt.arrival();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            let _ = waiting_tx.send(());
+            let mut arrived = attempt.take().requests.len();
+            if arrived == 0 {
+                arrival.await;
+                arrived = attempt.take().requests.len();
+            }
+            arrived
+        });
+        waiting.await.expect("the attempt task waits");
+        let asked = tokio::spawn(request(id, ContextOp::ClearScheduled));
+        assert_eq!(
+            attempt_task.await.ok(),
+            Some(1),
+            "the request woke the attempt"
+        );
+        assert!(
+            asked.await.is_ok_and(|answer| answer.is_err()),
+            "a request dropped unserved answers AttemptEnded"
+        );
     }
 
     #[test]
     fn ids_are_distinct() {
-        let (first, _a, _c) = Attempt::open(None);
-        let (second, _b, _d) = Attempt::open(None);
+        let first = Attempt::open(None);
+        let second = Attempt::open(None);
         assert_ne!(first.id(), second.id());
     }
 }

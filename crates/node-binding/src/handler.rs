@@ -293,7 +293,7 @@ impl JsHandler {
         context: &dyn EventContext,
         event: impl FnOnce(u32) -> E,
     ) -> Result<Value, JsHandlerError> {
-        let (attempt, mut requests, completion) = Attempt::open(context.owned_state());
+        let attempt = Attempt::open(context.owned_state());
         let id = attempt.id();
         let abort = self.bridge.abort_fn();
         let queued =
@@ -309,7 +309,6 @@ impl JsHandler {
                 ErrorClass::Transient,
             ));
         }
-        tokio::pin!(completion);
         let cancelled = context.cancelled();
         tokio::pin!(cancelled);
         let mut cancel_seen = false;
@@ -317,12 +316,22 @@ impl JsHandler {
         // `FuturesUnordered` still costs two allocations per event.
         let mut serving = None;
         let settled = loop {
+            // Enabled before the inbox is read: what arrives after the read wakes this loop.
+            let arrival = attempt.arrival();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            let arrived = attempt.take();
+            for request in arrived.requests {
+                serving
+                    .get_or_insert_with(FuturesUnordered::new)
+                    .push(request.serve(context));
+            }
+            if let Some(settled) = arrived.completion {
+                break settled;
+            }
             tokio::select! {
                 biased;
-                settled = &mut completion => break settled,
-                Some(request) = requests.recv() => serving
-                    .get_or_insert_with(FuturesUnordered::new)
-                    .push(request.serve(context)),
+                () = &mut arrival => {}
                 Some(()) = async {
                     match serving.as_mut() {
                         Some(serving) => serving.next().await,
@@ -342,12 +351,8 @@ impl JsHandler {
         drop(serving);
         drop(attempt);
         match settled {
-            Ok(None) => Ok(Value::Null),
-            Ok(Some(reply)) => reply_to_result(reply),
-            Err(_) => Err(JsHandlerError::new(
-                "the JavaScript handler never reported completion",
-                ErrorClass::Transient,
-            )),
+            None => Ok(Value::Null),
+            Some(reply) => reply_to_result(reply),
         }
     }
 }

@@ -6,9 +6,9 @@
 //! checks), every live attempt gets an id and an inbox in a process-wide registry. JavaScript
 //! puts a request in the inbox by id; the attempt's own future (see [`crate::handler`]) takes
 //! it and serves it with the borrowed context, concurrently with awaiting the handler's
-//! promise, whose settlement arrives through the same inbox. When the attempt ends its registry slot is removed, so a
-//! context used afterwards fails with [`ContextError::AttemptEnded`] and changes nothing, as the
-//! API contract requires.
+//! promise, whose settlement arrives through the same inbox. When the attempt ends its registry
+//! slot is removed, so a context used afterwards fails with [`ContextError::AttemptEnded`] and
+//! changes nothing, as the API contract requires.
 //!
 //! Timers are served here. Keyed state does not need the inbox: the slot also keeps the
 //! attempt's owned state binder ([`KeyedStateContext::owned_state`]), so `context.state()`

@@ -11,8 +11,9 @@
 //!
 //! Run: `cargo bench -p prosody-pipeline --bench middleware [-- ROUNDS] [--only NAME]` (default
 //! 5 rounds of 200,000 events over 10,000 keys and 8 partitions, ~100-byte payloads with an
-//! `id`; `--only core` or `--only pipeline` runs one subject). `scripts/bench-instructions` runs
-//! it under callgrind for instruction counts, which do not move between runs at all.
+//! `id`; `--only NAME` runs one subject: `core`, `pipeline` or one of the pipeline's variants
+//! without a part, see `VARIANTS`). `scripts/bench-instructions` runs it under callgrind for
+//! instruction counts, which do not move between runs at all.
 use std::time::{Duration, Instant};
 
 use prosody_pipeline::Event;
@@ -110,24 +111,22 @@ fn main() {
     // By default the two subjects; `--only` picks one of them or of the pipeline's variants.
     let builds: Vec<fn() -> Subject> = match &options.only {
         None => SUBJECTS.to_vec(),
-        Some(only) => SUBJECTS
-            .into_iter()
-            .chain(VARIANTS)
-            .filter(|build| runtime.block_on(async { build().name == *only }))
-            .collect(),
+        Some(only) => {
+            let all: Vec<fn() -> Subject> = SUBJECTS.into_iter().chain(VARIANTS).collect();
+            let names: Vec<&str> = all
+                .iter()
+                .map(|build| runtime.block_on(async { build().name }))
+                .collect();
+            let Some(index) = names.iter().position(|name| name == only) else {
+                eprintln!(
+                    "middleware bench: --only names no subject ({})",
+                    names.join(", ")
+                );
+                std::process::exit(2);
+            };
+            vec![all[index]]
+        }
     };
-    if builds.is_empty() {
-        let names: Vec<&str> = SUBJECTS
-            .into_iter()
-            .chain(VARIANTS)
-            .map(|build| runtime.block_on(async { build().name }))
-            .collect();
-        eprintln!(
-            "middleware bench: --only names no subject ({})",
-            names.join(", ")
-        );
-        std::process::exit(2);
-    }
     let rounds = options.rounds;
     // A fresh stack per round, as a fresh subscription has, so no round inherits a store grown
     // by the earlier ones; its caches warm up within the first of 20 events per key.

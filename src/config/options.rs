@@ -116,7 +116,8 @@ pub struct ClientOptions {
     /// Window the failure rate is measured over.
     #[serde(default, deserialize_with = "value::opt_millis")]
     pub defer_failure_window_ms: Option<Duration>,
-    /// Deferred-store cache entries.
+    /// Deferred keys per partition whose deferred work is cached (keys with nothing deferred
+    /// need no cache: the partition's deferred keys are read once per assignment).
     pub defer_store_cache_size: Option<usize>,
     /// Message-loader cache entries (0.5.1 name: `deferCacheSize`).
     #[serde(alias = "deferCacheSize")]

@@ -1,6 +1,10 @@
-//! [`DeferStore`] on one table, `deferred`: one partition per key of a partition scope, with
+//! [`DeferStore`] on two tables. `deferred`: one partition per key of a partition scope, with
 //! messages (kind 0, id = offset) and timers (kind 1, id = due second) as clustering rows, so
-//! each list is one ordered slice and each clear is one range delete.
+//! each list is one ordered slice and each clear is one range delete. `deferred_keys`: one
+//! partition per partition scope listing its keys with work, written before a key's entries
+//! and deleted once a removal left the key with none (checked with a one-row read, on the
+//! removal path only), so a crash between the two leaves an extra key listed, never a missing
+//! one.
 //!
 //! Entries do not expire in the trait's contract; the native TTL is the retention, refreshed on
 //! every write, so only work abandoned for the whole retention is reclaimed.
@@ -16,6 +20,7 @@ use crate::errors::corrupt;
 use crate::session::Db;
 
 const TABLE: &str = "deferred";
+const KEYS_TABLE: &str = "deferred_keys";
 const MESSAGE: i8 = 0;
 const TIMER: i8 = 1;
 
@@ -26,6 +31,10 @@ pub(crate) struct Statements {
     list: PreparedStatement,
     remove: PreparedStatement,
     clear: PreparedStatement,
+    any: PreparedStatement,
+    index: PreparedStatement,
+    unindex: PreparedStatement,
+    keys: PreparedStatement,
 }
 
 impl Statements {
@@ -57,23 +66,63 @@ impl Statements {
                  kafka_partition = ? AND kafka_key = ? AND kind = ?",
             ),
         )?;
+        let (any, index, unindex, keys) = futures::try_join!(
+            db.prepare(
+                OP,
+                TABLE,
+                "SELECT kind FROM {ks}.deferred WHERE consumer_group = ? AND topic = ? AND \
+                 kafka_partition = ? AND kafka_key = ? LIMIT 1",
+            ),
+            db.prepare(
+                OP,
+                KEYS_TABLE,
+                "INSERT INTO {ks}.deferred_keys (consumer_group, topic, kafka_partition, \
+                 kafka_key) VALUES (?, ?, ?, ?) USING TTL ?",
+            ),
+            db.prepare(
+                OP,
+                KEYS_TABLE,
+                "DELETE FROM {ks}.deferred_keys WHERE consumer_group = ? AND topic = ? AND \
+                 kafka_partition = ? AND kafka_key = ?",
+            ),
+            db.prepare(
+                OP,
+                KEYS_TABLE,
+                "SELECT kafka_key FROM {ks}.deferred_keys WHERE consumer_group = ? AND \
+                 topic = ? AND kafka_partition = ?",
+            ),
+        )?;
         Ok(Self {
             upsert,
             list,
             remove,
             clear,
+            any,
+            index,
+            unindex,
+            keys,
         })
     }
 }
 
-fn cell(scope: &PartitionScope, key: &Key, kind: i8) -> Vec<CqlValue> {
+fn partition(scope: &PartitionScope) -> Vec<CqlValue> {
     vec![
         CqlValue::Text(scope.group.as_str().to_owned()),
         CqlValue::Text(scope.topic.as_str().to_owned()),
         CqlValue::Int(scope.partition.0),
-        CqlValue::Text(key.as_str().to_owned()),
-        CqlValue::TinyInt(kind),
     ]
+}
+
+fn key_of(scope: &PartitionScope, key: &Key) -> Vec<CqlValue> {
+    let mut values = partition(scope);
+    values.push(CqlValue::Text(key.as_str().to_owned()));
+    values
+}
+
+fn cell(scope: &PartitionScope, key: &Key, kind: i8) -> Vec<CqlValue> {
+    let mut values = key_of(scope, key);
+    values.push(CqlValue::TinyInt(kind));
+    values
 }
 
 impl CassandraStore {
@@ -86,6 +135,12 @@ impl CassandraStore {
         id: i64,
         retry_count: u32,
     ) -> Result<(), StorageError> {
+        let mut index = key_of(scope, key);
+        index.push(CqlValue::Int(self.shared.ttl.index_retention()));
+        self.shared
+            .db
+            .execute(operation, KEYS_TABLE, &self.shared.defer.index, index)
+            .await?;
         let mut values = cell(scope, key, kind);
         values.extend([
             CqlValue::BigInt(id),
@@ -138,6 +193,35 @@ impl CassandraStore {
         self.shared
             .db
             .execute(operation, TABLE, &self.shared.defer.remove, values)
+            .await?;
+        self.unindex_if_empty(operation, scope, key).await
+    }
+
+    /// Drops the key from `deferred_keys` when a removal left it no entries. Safe without a
+    /// lightweight transaction: calls for one key are serialized by the pipeline, and only the
+    /// partition's owner writes.
+    async fn unindex_if_empty(
+        &self,
+        operation: &'static str,
+        scope: &PartitionScope,
+        key: &Key,
+    ) -> Result<(), StorageError> {
+        let left: Vec<(i8,)> = self
+            .shared
+            .db
+            .all_rows(operation, TABLE, &self.shared.defer.any, key_of(scope, key))
+            .await?;
+        if !left.is_empty() {
+            return Ok(());
+        }
+        self.shared
+            .db
+            .execute(
+                operation,
+                KEYS_TABLE,
+                &self.shared.defer.unindex,
+                key_of(scope, key),
+            )
             .await
             .map(drop)
     }
@@ -157,8 +241,8 @@ impl CassandraStore {
                 &self.shared.defer.clear,
                 cell(scope, key, kind),
             )
-            .await
-            .map(drop)
+            .await?;
+        self.unindex_if_empty(operation, scope, key).await
     }
 }
 
@@ -173,6 +257,20 @@ fn timer_id(operation: &'static str, time: TimerTime) -> Result<i64, StorageErro
 
 #[async_trait]
 impl DeferStore for CassandraStore {
+    async fn deferred_keys(&self, scope: &PartitionScope) -> Result<Vec<Key>, StorageError> {
+        let rows: Vec<(String,)> = self
+            .shared
+            .db
+            .all_rows(
+                "defer.deferred_keys",
+                KEYS_TABLE,
+                &self.shared.defer.keys,
+                partition(scope),
+            )
+            .await?;
+        Ok(rows.into_iter().map(|(key,)| Key::from(key)).collect())
+    }
+
     async fn defer_message(
         &self,
         scope: &PartitionScope,

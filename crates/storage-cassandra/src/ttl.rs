@@ -62,6 +62,12 @@ impl TtlPolicy {
     pub(crate) fn retention(self) -> i32 {
         seconds(self.retention)
     }
+
+    /// Native TTL of an index row written just before the rows it lists: an hour past
+    /// [`Self::retention`], so it never expires before them.
+    pub(crate) fn index_retention(self) -> i32 {
+        seconds(self.retention.saturating_add(Duration::from_secs(3_600)))
+    }
 }
 
 /// The latest expiration Cassandra accepts in its default compatibility mode (2038-01-19,

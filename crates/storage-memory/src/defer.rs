@@ -57,6 +57,18 @@ impl MemoryDeferStore {
 
 #[async_trait]
 impl DeferStore for MemoryDeferStore {
+    async fn deferred_keys(&self, scope: &PartitionScope) -> Result<Vec<Key>, StorageError> {
+        // A scan of every scope's keys: the pipeline asks once per ownership of a partition,
+        // and a map per scope would cost every other call a second lookup.
+        Ok(self
+            .keys
+            .lock()
+            .keys()
+            .filter(|(stored, _)| stored == scope)
+            .map(|(_, key)| key.clone())
+            .collect())
+    }
+
     async fn defer_message(
         &self,
         scope: &PartitionScope,

@@ -37,6 +37,34 @@ impl Inner {
         self.commit(operation, batch)
     }
 
+    /// The keys with entries in the partition: one seek per key, past the key's entries.
+    fn deferred_keys(
+        &self,
+        operation: &'static str,
+        scope: &PartitionScope,
+    ) -> Result<Vec<Key>, StorageError> {
+        let family = self.family(operation, DEFER)?;
+        let partition = keys::partition_prefix(scope);
+        let mut iterator = self
+            .db
+            .raw_iterator_cf_opt(family, prefix(partition.as_bytes()));
+        iterator.seek_to_first();
+        let mut listed = Vec::new();
+        while let Some(stored) = iterator.key() {
+            let key = KeyReader::after(stored, partition.as_bytes())
+                .and_then(|mut reader| reader.str())
+                .map_err(|e| corrupt(operation, e))?;
+            let next = prefix_end(keys::key_prefix(scope, &key).as_bytes());
+            listed.push(Key::from(key));
+            match next {
+                Some(next) => iterator.seek(next),
+                None => break,
+            }
+        }
+        finished(operation, &iterator)?;
+        Ok(listed)
+    }
+
     /// Every (number, retry count) of a list, in key order.
     fn deferred<T>(
         &self,
@@ -75,6 +103,10 @@ impl RocksStore {
 #[allow(clippy::redundant_closure_for_method_calls)]
 #[async_trait]
 impl DeferStore for RocksStore {
+    async fn deferred_keys(&self, scope: &PartitionScope) -> Result<Vec<Key>, StorageError> {
+        self.inner.deferred_keys("defer.deferred_keys", scope)
+    }
+
     async fn defer_message(
         &self,
         scope: &PartitionScope,

@@ -279,6 +279,67 @@ where
     assert_eq!(timers(&*store, &scope, "k").await, vec![timer(1, 0)]);
 }
 
+async fn keys(store: &dyn DeferStore, scope: &PartitionScope) -> Vec<String> {
+    let mut keys: Vec<String> = store
+        .deferred_keys(scope)
+        .await
+        .expect("deferred_keys")
+        .into_iter()
+        .map(Key::into_string)
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// The partition's keys with deferred messages or timers are listed, each once, and only
+/// while they have some; other partitions, topics and groups list none of them.
+pub async fn deferred_keys_lists_the_keys_with_work<F>(factory: &F, _: &Options)
+where
+    F: StoreFactory<Store: DeferStore + 'static>,
+{
+    let (store, scope) = open(factory).await;
+    assert!(keys(&*store, &scope).await.is_empty());
+    defer_message(&*store, &scope, "messages", message(1, 0)).await;
+    defer_message(&*store, &scope, "messages", message(2, 0)).await;
+    defer_timer(&*store, &scope, "timers", timer(1, 0)).await;
+    defer_message(&*store, &scope, "both", message(1, 0)).await;
+    defer_timer(&*store, &scope, "both", timer(1, 0)).await;
+    // A key that is a prefix of another is its own key.
+    defer_timer(&*store, &scope, "both-and-more", timer(1, 0)).await;
+    assert_eq!(
+        keys(&*store, &scope).await,
+        ["both", "both-and-more", "messages", "timers"]
+    );
+    for other in neighbours(&scope) {
+        assert!(keys(&*store, &other).await.is_empty(), "{other:?}");
+    }
+    let both = Key::from("both");
+    store
+        .clear_deferred_messages(&scope, &both)
+        .await
+        .expect("clear");
+    assert_eq!(
+        keys(&*store, &scope).await,
+        ["both", "both-and-more", "messages", "timers"],
+        "a key with timers left is still listed"
+    );
+    store
+        .remove_deferred_timer(&scope, &both, TimerTime::from_secs(1))
+        .await
+        .expect("remove");
+    store
+        .clear_deferred_timers(&scope, &Key::from("timers"))
+        .await
+        .expect("clear");
+    for offset in [1, 2] {
+        store
+            .remove_deferred_message(&scope, &Key::from("messages"), Offset(offset))
+            .await
+            .expect("remove");
+    }
+    assert_eq!(keys(&*store, &scope).await, ["both-and-more"]);
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Op {
     DeferMessage(usize, i64, u32),
@@ -386,6 +447,18 @@ where
                         model_timers.iter().map(|(&t, &r)| timer(t, r)).collect();
                     ensure_eq!(stored, expected, "timers of {key} after step {step} {op:?}");
                 }
+                let mut listed: Vec<String> =
+                    ok_or_fail!(store.deferred_keys(&scope).await, "deferred_keys")
+                        .into_iter()
+                        .map(Key::into_string)
+                        .collect();
+                listed.sort();
+                let expected: Vec<String> = model
+                    .iter()
+                    .filter(|(_, (messages, timers))| !messages.is_empty() || !timers.is_empty())
+                    .map(|(key, _)| (*key).to_owned())
+                    .collect();
+                ensure_eq!(listed, expected, "deferred keys after step {step} {op:?}");
             }
             Ok(())
         },

@@ -72,6 +72,7 @@ macro_rules! defer_store_conformance {
             remove_and_clear_deferred_timers,
             messages_and_timers_are_independent,
             partitions_topics_and_groups_are_isolated,
+            deferred_keys_lists_the_keys_with_work,
             model_based_operations_match_the_model,
         );
     };

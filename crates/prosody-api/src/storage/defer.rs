@@ -37,6 +37,13 @@ pub struct DeferredTimer {
 /// are serialized by the pipeline; a read sees every write that returned `Ok` before it.
 #[async_trait]
 pub trait DeferStore: Send + Sync + Debug {
+    /// Every key of the scope's partition with deferred messages or timers, in no particular
+    /// order. A key whose last entry was removed is no longer listed, except that a store may
+    /// keep listing it when a crash interrupted the removal: callers read a listed key's work
+    /// before acting on it. The pipeline calls this once per ownership of a partition, so that
+    /// every later event of a key with nothing deferred is answered without storage I/O.
+    async fn deferred_keys(&self, scope: &PartitionScope) -> Result<Vec<Key>, StorageError>;
+
     /// Adds the message to the key's deferred queue, or sets its retry count if present.
     async fn defer_message(
         &self,

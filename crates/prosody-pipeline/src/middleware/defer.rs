@@ -29,23 +29,26 @@
 //! it sees only the retry timer, not the record. A message that cannot be reloaded at all (gone
 //! from Kafka) has nothing to forward and is logged.
 //!
-//! **Cache.** Whether a key is deferred is asked for every event, so the layer keeps each
-//! key's deferred work in a bounded cache (`deferStoreCacheSize`) in front of the store. It is
-//! exact while the partition is owned (calls of a key are serialized and this process is the
-//! only writer); a revocation (the partition's cancellation) starts a new cache epoch so a
-//! partition that comes back is read from the store again.
+//! **Which keys are deferred.** Every event asks whether its key is deferred, and almost always
+//! the answer is no. So the layer reads the partition's deferred keys once per ownership
+//! ([`DeferStore::deferred_keys`], with the partition's first event) and from then on keeps the
+//! list itself: it is exact while the partition is owned (calls of a key are serialized and
+//! this process is the only writer), so an event of a key that is not listed touches no storage
+//! and hashes nothing when the partition has no deferred key at all. A listed key's work is
+//! read when needed and cached, at most `deferStoreCacheSize` keys per partition. A revocation
+//! (the partition's cancellation) ends the ownership; a partition that comes back is read
+//! again.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
-use prosody_api::digest::{Digester, FoldedHasher};
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
 use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
 use serde_json::Value;
+use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -76,7 +79,7 @@ pub struct DeferSettings {
     /// Outcomes the window must hold before the rate can switch deferral off: a handful of
     /// early failures is not a rate.
     pub min_samples: u64,
-    /// Keys whose deferred work is cached (`deferStoreCacheSize`).
+    /// Deferred keys per partition whose work is cached (`deferStoreCacheSize`).
     pub cache_size: u64,
 }
 
@@ -313,6 +316,12 @@ struct KeyWork {
     timers: BTreeMap<TimerTime, u32>,
 }
 
+/// The work of every key with nothing deferred.
+static NOTHING: KeyWork = KeyWork {
+    messages: BTreeMap::new(),
+    timers: BTreeMap::new(),
+};
+
 /// What is retried next: messages first (they came through the key's queue in order), then
 /// timers.
 #[derive(Clone, Copy, Debug)]
@@ -336,23 +345,88 @@ impl KeyWork {
     }
 }
 
-/// The cache's notion of a key: a 128-bit digest of (topic, partition, key) and the epoch of
-/// the partition's ownership. A digest rather than the strings: no clones of the shared topic
-/// and key per event and no string comparisons on lookup; a collision (which would mix two
-/// keys' deferred work) is vanishingly unlikely, the dedup cache's argument. The epoch is kept
-/// beside the digest rather than in it so the digest is taken before the cache's lock.
-type CacheKey = (u128, u64);
+/// One ownership of a partition (until `revoked` fires) and its deferred keys, read from the
+/// store by the first event that needs them.
+struct Ownership {
+    revoked: CancellationToken,
+    keys: OnceCell<Mutex<DeferredKeys>>,
+}
 
-/// Where one event's key lives, and its deferred work if the cache holds it (looked up under
-/// the same lock as the epoch: one lock per event on the common path). The storage scope is
-/// built only when storage is touched, so the common path (a cached key with nothing deferred)
-/// clones nothing that every worker shares.
+/// The keys of an owned partition with deferred work, each with its work when cached.
+#[derive(Default)]
+struct DeferredKeys {
+    keys: KeyMap<Key, Option<Arc<KeyWork>>>,
+    cached: usize,
+}
+
+/// What the layer knows of a key without reading storage.
+enum Known {
+    /// Nothing is deferred.
+    Nothing,
+    /// This work is deferred.
+    Work(Arc<KeyWork>),
+    /// Storage must answer: the partition's keys are not read yet, or the key is deferred but
+    /// its work is not cached.
+    Unknown,
+}
+
+impl DeferredKeys {
+    fn listed(keys: Vec<Key>) -> Self {
+        Self {
+            keys: keys.into_iter().map(|key| (key, None)).collect(),
+            cached: 0,
+        }
+    }
+
+    fn known(&self, key: &Key) -> Known {
+        if self.keys.is_empty() {
+            return Known::Nothing;
+        }
+        match self.keys.get(key) {
+            None => Known::Nothing,
+            Some(Some(work)) => Known::Work(work.clone()),
+            Some(None) => Known::Unknown,
+        }
+    }
+
+    /// Lists `key` as deferred with `work`, dropping cached work of other keys (not the keys)
+    /// beyond `capacity`; theirs is read again when next needed.
+    fn hold(&mut self, key: &Key, work: Arc<KeyWork>, capacity: usize) {
+        let had = self.keys.insert(key.clone(), Some(work));
+        if matches!(had, Some(Some(_))) {
+            return;
+        }
+        self.cached += 1;
+        if self.cached > capacity {
+            // A quarter at a time keeps the cost per event constant.
+            let target = capacity - capacity / 4;
+            for (listed, work) in &mut self.keys {
+                if self.cached <= target {
+                    break;
+                }
+                if listed != key && work.take().is_some() {
+                    self.cached -= 1;
+                }
+            }
+        }
+    }
+
+    fn forget(&mut self, key: &Key) {
+        if let Some(Some(_)) = self.keys.remove(key) {
+            self.cached -= 1;
+        }
+    }
+}
+
+/// Where one event's key lives and what is known of its deferred work. The storage scope is
+/// built only when storage is touched, so the common path clones nothing that every worker
+/// shares.
 struct Place<'t> {
     topic: &'t Topic,
     partition: Partition,
     key: &'t Key,
-    cache_key: CacheKey,
-    cached: Option<Arc<KeyWork>>,
+    ownership: Arc<Ownership>,
+    known: Known,
 }
 
 impl<'t> Place<'t> {
@@ -373,54 +447,11 @@ pub struct Defer<S> {
     loader: Arc<dyn LoadRecord>,
     status: DeferStatus,
     give_up: Destination,
-    cache: Mutex<Cache>,
-    /// Digests keys for the cache, outside its lock (which every partition's handlers share).
-    digester: Digester,
-    /// The work of every key with nothing deferred.
-    nothing: Arc<KeyWork>,
-    inner: S,
-}
-
-/// The cache of deferred work and its epochs, under one lock: a lookup costs one lock, where a
-/// concurrent cache would add its own synchronisation to every event.
-#[derive(Default)]
-struct Cache {
+    /// The current ownership of every partition seen.
+    owned: Mutex<KeyMap<(Topic, Partition), Arc<Ownership>>>,
+    /// Deferred keys per partition whose work is cached.
     capacity: usize,
-    epochs: KeyMap<(Topic, Partition), (CancellationToken, u64)>,
-    next_epoch: u64,
-    work: HashMap<CacheKey, Arc<KeyWork>, BuildHasherDefault<FoldedHasher>>,
-}
-
-impl Cache {
-    fn insert(&mut self, key: CacheKey, work: Arc<KeyWork>) {
-        self.work.insert(key, work);
-        if self.work.len() > self.capacity {
-            // Keys with nothing deferred are cheapest to read again; beyond that, arbitrary
-            // ones go (they are read from the store when next seen). A quarter at a time
-            // keeps the cost per event constant.
-            let excess = self.work.len() - (self.capacity - self.capacity / 4);
-            let mut evicted: Vec<CacheKey> = self
-                .work
-                .iter()
-                .filter(|(_, work)| work.is_empty())
-                .map(|(key, _)| *key)
-                .take(excess)
-                .collect();
-            if evicted.len() < excess {
-                let more = excess - evicted.len();
-                evicted.extend(
-                    self.work
-                        .iter()
-                        .filter(|(_, work)| !work.is_empty())
-                        .map(|(key, _)| *key)
-                        .take(more),
-                );
-            }
-            for key in evicted {
-                self.work.remove(&key);
-            }
-        }
-    }
+    inner: S,
 }
 
 /// Builds a [`Defer`].
@@ -444,20 +475,16 @@ impl Layer for DeferLayer {
 
     fn wrap<S: Service>(self, inner: S) -> Defer<S> {
         Defer {
-            cache: Mutex::new(Cache {
-                capacity: usize::try_from(self.settings.cache_size)
-                    .unwrap_or(usize::MAX)
-                    .max(1),
-                ..Cache::default()
-            }),
-            digester: Digester::default(),
+            owned: Mutex::new(KeyMap::default()),
+            capacity: usize::try_from(self.settings.cache_size)
+                .unwrap_or(usize::MAX)
+                .max(1),
             settings: self.settings,
             store: self.store,
             timers: self.timers,
             loader: self.loader,
             status: self.status,
             give_up: self.give_up,
-            nothing: Arc::new(KeyWork::default()),
             inner,
         }
     }
@@ -500,47 +527,69 @@ impl<S: Service> Defer<S> {
     fn place<'t>(&self, task: &'t Task) -> Place<'t> {
         let (topic, partition) = task.event.source();
         let key = task.event.key();
-        let key_digest = self
-            .digester
-            .digest((topic.as_str(), partition.0, key.as_str()));
-        let mut cache = self.cache.lock();
-        let epoch = match cache.epochs.get(&(topic.clone(), partition)) {
-            Some((token, epoch)) if !token.is_cancelled() => *epoch,
-            _ => {
-                // First sight of the partition, or it was revoked since: a new epoch, so
-                // nothing cached from an earlier ownership is trusted. What the old epoch
-                // cached ages out through eviction.
-                cache.next_epoch += 1;
-                let epoch = cache.next_epoch;
-                cache
-                    .epochs
-                    .insert((topic.clone(), partition), (task.cancel.clone(), epoch));
-                epoch
-            }
+        let ownership = self.ownership(topic, partition, &task.cancel);
+        let known = match ownership.keys.get() {
+            Some(keys) => keys.lock().known(key),
+            None => Known::Unknown,
         };
-        let cache_key = (key_digest, epoch);
-        let cached = cache.work.get(&cache_key).cloned();
-        drop(cache);
         Place {
             topic,
             partition,
             key,
-            cache_key,
-            cached,
+            ownership,
+            known,
         }
     }
 
-    /// The storage scope of `place`'s partition.
+    /// The current ownership of the partition: a new one at first sight or after a
+    /// revocation, so nothing known from an earlier ownership is trusted.
+    fn ownership(
+        &self,
+        topic: &Topic,
+        partition: Partition,
+        cancel: &CancellationToken,
+    ) -> Arc<Ownership> {
+        let mut owned = self.owned.lock();
+        let index = (topic.clone(), partition);
+        if let Some(ownership) = owned.get(&index)
+            && !ownership.revoked.is_cancelled()
+        {
+            return ownership.clone();
+        }
+        // Rare (assignments): a good moment to forget partitions revoked for good.
+        owned.retain(|_, ownership| !ownership.revoked.is_cancelled());
+        let ownership = Arc::new(Ownership {
+            revoked: cancel.clone(),
+            keys: OnceCell::new(),
+        });
+        owned.insert(index, ownership.clone());
+        ownership
+    }
+
     fn scope(&self, place: &Place<'_>) -> PartitionScope {
         self.timers.scope(place.topic(), place.partition)
     }
 
-    /// The key's deferred work, from the cache or the store. Work read from the store gets a
-    /// retry timer if it has none (a crash between storing work and its timer, or a new
-    /// owner of the partition).
-    async fn work(&self, place: &Place<'_>) -> Result<Arc<KeyWork>, StorageError> {
-        if let Some(work) = &place.cached {
-            return Ok(work.clone());
+    /// The key's deferred work (`None`: nothing deferred), from what the layer knows or the
+    /// store. Work read from the store gets a retry timer if it has none (a crash between
+    /// storing work and its timer, or a new owner of the partition).
+    async fn work(&self, place: &Place<'_>) -> Result<Option<Arc<KeyWork>>, StorageError> {
+        let keys = place
+            .ownership
+            .keys
+            .get_or_try_init(|| async {
+                let listed = self.store.deferred_keys(&self.scope(place)).await?;
+                if !listed.is_empty() {
+                    debug!(topic = %place.topic(), partition = place.partition.0,
+                        keys = listed.len(), "partition has deferred keys");
+                }
+                Ok::<_, StorageError>(Mutex::new(DeferredKeys::listed(listed)))
+            })
+            .await?;
+        match keys.lock().known(place.key()) {
+            Known::Nothing => return Ok(None),
+            Known::Work(work) => return Ok(Some(work)),
+            Known::Unknown => {}
         }
         let messages = self
             .store
@@ -574,16 +623,19 @@ impl<S: Service> Defer<S> {
         Ok(self.remember(place, work))
     }
 
-    /// Caches `work` as the key's deferred work and returns it shared.
-    fn remember(&self, place: &Place<'_>, work: KeyWork) -> Arc<KeyWork> {
-        // Most keys have nothing deferred: they share one empty value instead of an allocation
-        // each.
-        let work = if work.is_empty() {
-            self.nothing.clone()
-        } else {
-            Arc::new(work)
-        };
-        self.cache.lock().insert(place.cache_key, work.clone());
+    /// Records `work` as the key's deferred work (an empty one unlists the key) and returns it
+    /// shared.
+    fn remember(&self, place: &Place<'_>, work: KeyWork) -> Option<Arc<KeyWork>> {
+        let work = (!work.is_empty()).then(|| Arc::new(work));
+        // Every path reads the partition's keys before it changes a key's work; a write to an
+        // ownership that is not read yet would be read from the store anyway.
+        if let Some(keys) = place.ownership.keys.get() {
+            let mut keys = keys.lock();
+            match &work {
+                Some(work) => keys.hold(place.key(), work.clone(), self.capacity),
+                None => keys.forget(place.key()),
+            }
+        }
         work
     }
 
@@ -680,14 +732,16 @@ impl<S: Service> Defer<S> {
     /// deferred when it fails transiently.
     async fn handle(&self, task: &Task) -> Verdict {
         let place = self.place(task);
-        let work = match &place.cached {
-            Some(work) => work.clone(),
-            None => Box::pin(self.work(&place))
+        let work = match &place.known {
+            Known::Nothing => None,
+            Known::Work(work) => Some(work.clone()),
+            Known::Unknown => Box::pin(self.work(&place))
                 .await
                 .map_err(|error| storage_failure(&error, task.attempt))?,
         };
+        let work = work.as_deref().unwrap_or(&NOTHING);
         if !work.is_empty() {
-            Box::pin(self.defer(&place, &work, &task.event))
+            Box::pin(self.defer(&place, work, &task.event))
                 .await
                 .map_err(|error| storage_failure(&error, task.attempt))?;
             debug!(key = %place.key(), offset = ?task.event.offset(), "key is deferred: queued behind");
@@ -697,7 +751,7 @@ impl<S: Service> Defer<S> {
         self.status.record(&verdict);
         match verdict {
             Err(failure) if failure.kind == FailureKind::Transient => {
-                Box::pin(self.defer_failure(&place, &work, task, failure)).await
+                Box::pin(self.defer_failure(&place, work, task, failure)).await
             }
             verdict => verdict,
         }
@@ -734,11 +788,12 @@ impl<S: Service> Defer<S> {
             .work(&place)
             .await
             .map_err(|error| storage_failure(&error, task.attempt))?;
+        let work = work.as_deref().unwrap_or(&NOTHING);
         let verdict = self.inner.call(task).await;
         self.status.record(&verdict);
         if verdict.is_ok() {
             if !work.is_empty() {
-                self.drop_work(&place, &work)
+                self.drop_work(&place, work)
                     .await
                     .map_err(|error| storage_failure(&error, task.attempt))?;
             }
@@ -746,7 +801,7 @@ impl<S: Service> Defer<S> {
         }
         match verdict {
             Err(failure) if failure.kind == FailureKind::Transient => {
-                self.defer_failure(&place, &work, task, failure).await
+                self.defer_failure(&place, work, task, failure).await
             }
             verdict => verdict,
         }
@@ -783,11 +838,11 @@ impl<S: Service> Defer<S> {
     /// The key's retry timer fired: retry its deferred work, head first.
     async fn retry_deferred(&self, task: &Task, fired: &FiredTimer) -> Verdict {
         let place = self.place(task);
-        let mut work = (*self
+        let mut work = self
             .work(&place)
             .await
-            .map_err(|error| storage_failure(&error, task.attempt))?)
-        .clone();
+            .map_err(|error| storage_failure(&error, task.attempt))?
+            .map_or_else(KeyWork::default, |work| (*work).clone());
         while let Some(head) = work.head() {
             let verdict = self.retry_head(task, &place, head).await;
             match verdict {
@@ -1259,6 +1314,189 @@ mod tests {
         assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
         assert_eq!(f.deferred().await, (vec![], vec![]));
         assert_eq!(status.snapshot().switched_off, 0, "not a gate decision");
+    }
+
+    /// Counts the reads that reach a memory store.
+    #[derive(Debug, Default)]
+    struct CountingStore {
+        store: MemoryDeferStore,
+        key_listings: AtomicU64,
+        work_reads: AtomicU64,
+    }
+
+    impl CountingStore {
+        fn reads(&self) -> (u64, u64) {
+            (
+                self.key_listings.load(Ordering::SeqCst),
+                self.work_reads.load(Ordering::SeqCst),
+            )
+        }
+    }
+
+    #[async_trait]
+    impl DeferStore for CountingStore {
+        async fn deferred_keys(&self, scope: &PartitionScope) -> Result<Vec<Key>, StorageError> {
+            self.key_listings.fetch_add(1, Ordering::SeqCst);
+            self.store.deferred_keys(scope).await
+        }
+        async fn defer_message(
+            &self,
+            scope: &PartitionScope,
+            key: &Key,
+            message: DeferredMessage,
+        ) -> Result<(), StorageError> {
+            self.store.defer_message(scope, key, message).await
+        }
+        async fn deferred_messages(
+            &self,
+            scope: &PartitionScope,
+            key: &Key,
+        ) -> Result<Vec<DeferredMessage>, StorageError> {
+            self.work_reads.fetch_add(1, Ordering::SeqCst);
+            self.store.deferred_messages(scope, key).await
+        }
+        async fn remove_deferred_message(
+            &self,
+            scope: &PartitionScope,
+            key: &Key,
+            offset: Offset,
+        ) -> Result<(), StorageError> {
+            self.store.remove_deferred_message(scope, key, offset).await
+        }
+        async fn clear_deferred_messages(
+            &self,
+            scope: &PartitionScope,
+            key: &Key,
+        ) -> Result<(), StorageError> {
+            self.store.clear_deferred_messages(scope, key).await
+        }
+        async fn defer_timer(
+            &self,
+            scope: &PartitionScope,
+            key: &Key,
+            timer: DeferredTimer,
+        ) -> Result<(), StorageError> {
+            self.store.defer_timer(scope, key, timer).await
+        }
+        async fn deferred_timers(
+            &self,
+            scope: &PartitionScope,
+            key: &Key,
+        ) -> Result<Vec<DeferredTimer>, StorageError> {
+            self.store.deferred_timers(scope, key).await
+        }
+        async fn remove_deferred_timer(
+            &self,
+            scope: &PartitionScope,
+            key: &Key,
+            time: TimerTime,
+        ) -> Result<(), StorageError> {
+            self.store.remove_deferred_timer(scope, key, time).await
+        }
+        async fn clear_deferred_timers(
+            &self,
+            scope: &PartitionScope,
+            key: &Key,
+        ) -> Result<(), StorageError> {
+            self.store.clear_deferred_timers(scope, key).await
+        }
+    }
+
+    fn owned_by(event: Event, offset: i64, ownership: &CancellationToken) -> Task {
+        Task {
+            cancel: ownership.clone(),
+            ..at(event, offset)
+        }
+    }
+
+    #[tokio::test]
+    async fn storage_is_read_once_per_ownership_and_then_only_for_deferred_keys() {
+        let f = fixture();
+        let store = Arc::new(CountingStore::default());
+        // Deferred by an earlier owner: "k" at offset 1.
+        let scope = f.scope();
+        store
+            .defer_message(
+                &scope,
+                &Key::from("k"),
+                DeferredMessage {
+                    offset: Offset(1),
+                    retry_count: 0,
+                },
+            )
+            .await
+            .unwrap();
+        let layer = Box::new(DeferLayer {
+            settings: DeferSettings {
+                cache_size: 1,
+                ..f_settings()
+            },
+            store: store.clone(),
+            timers: f.timers.clone(),
+            loader: Arc::new(Reloader),
+            status: DeferStatus::new(&f_settings()),
+            give_up: Destination::Log,
+        })
+        .wrap(f.inner.clone());
+        let ownership = CancellationToken::new();
+        for (offset, key) in (2..).zip(["a", "b", "a", "c"]) {
+            let verdict = layer
+                .call(&owned_by(message(key, json!({})), offset, &ownership))
+                .await;
+            assert_eq!(verdict, Ok(Value::Null));
+        }
+        assert_eq!(
+            store.reads(),
+            (1, 0),
+            "keys listed once; no key with nothing deferred is read"
+        );
+        // The listed key queues behind its stored work, which is read once and then cached.
+        for offset in [6, 7] {
+            let verdict = layer
+                .call(&owned_by(message("k", json!({})), offset, &ownership))
+                .await;
+            assert_eq!(verdict, Ok(Value::Null));
+        }
+        assert_eq!(store.reads(), (1, 1));
+        let stored = store
+            .store
+            .deferred_messages(&scope, &Key::from("k"))
+            .await
+            .unwrap();
+        assert_eq!(
+            stored.iter().map(|m| m.offset.0).collect::<Vec<_>>(),
+            [1, 6, 7]
+        );
+        // A key deferred during the ownership is known without reading it back; with a cache of
+        // one key, "k"'s work makes way for it and is read again when next needed.
+        f.inner.failing.store(true, Ordering::SeqCst);
+        let verdict = layer
+            .call(&owned_by(message("a", json!({})), 8, &ownership))
+            .await;
+        assert_eq!(verdict, Ok(Value::Null), "deferred");
+        f.inner.failing.store(false, Ordering::SeqCst);
+        layer
+            .call(&owned_by(message("a", json!({})), 9, &ownership))
+            .await
+            .unwrap();
+        layer
+            .call(&owned_by(message("k", json!({})), 10, &ownership))
+            .await
+            .unwrap();
+        assert_eq!(store.reads(), (1, 2));
+        assert_eq!(
+            f.seen(),
+            ["m2", "m3", "m4", "m5", "m8"],
+            "deferred keys' later work waits"
+        );
+        // A revocation ends the ownership: the next one lists the keys again.
+        ownership.cancel();
+        let next = CancellationToken::new();
+        layer
+            .call(&owned_by(message("b", json!({})), 11, &next))
+            .await
+            .unwrap();
+        assert_eq!(store.reads(), (2, 2));
     }
 
     fn f_settings() -> DeferSettings {

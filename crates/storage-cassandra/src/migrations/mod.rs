@@ -80,11 +80,18 @@ impl Migration {
 }
 
 /// Every migration of this build, in version order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    cql: include_str!("0001_initial.cql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        cql: include_str!("0001_initial.cql"),
+    },
+    Migration {
+        version: 2,
+        name: "deferred_keys",
+        cql: include_str!("0002_deferred_keys.cql"),
+    },
+];
 
 /// Brings the keyspace up to date; returns the versions this call applied (empty when another
 /// client had already applied them).

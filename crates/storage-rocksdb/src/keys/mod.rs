@@ -89,6 +89,16 @@ pub mod defer {
     use super::partition;
     use super::{DEFER_MESSAGE, DEFER_TIMER, Key, KeyBuf, Offset, PartitionScope, TimerTime};
 
+    /// Prefix of every deferred entry of a partition.
+    pub fn partition_prefix(scope: &PartitionScope) -> KeyBuf {
+        partition(scope)
+    }
+
+    /// Prefix of every deferred entry (messages and timers) of one key.
+    pub fn key_prefix(scope: &PartitionScope, key: &str) -> KeyBuf {
+        partition(scope).str(key)
+    }
+
     /// Prefix of a key's deferred messages.
     pub fn messages(scope: &PartitionScope, key: &Key) -> KeyBuf {
         partition(scope).str(key.as_str()).tag(DEFER_MESSAGE)

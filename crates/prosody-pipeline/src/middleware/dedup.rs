@@ -3,22 +3,26 @@
 //! shared by every partition of the subscription, answers repeats without I/O; the durable
 //! [`DedupStore`] (TTL `idempotenceTtlS`) answers after restarts and partition moves.
 //!
-//! The in-memory tier is a first-in, first-out set rather than a general cache (moka was
+//! The in-memory tier is two generations of a set rather than a general cache (moka was
 //! measured at several percent of the consumer's CPU here): every handled record is inserted
 //! once and looked up about once, so recency is the only signal, and a frequency-based
-//! admission policy could even refuse to remember a record just handled.
+//! admission policy could even refuse to remember a record just handled. Generations rather
+//! than a first-in, first-out queue: forgetting is one drop of the older half instead of a
+//! queue pop and a map removal per insert, and the TTL is judged per generation, so the clock
+//! is read once per generation and on a hit, not for every record.
 //!
 //! A record is recorded as seen only after the layers below succeeded, so a failed attempt
 //! never hides the record from a later delivery. A store that cannot answer does not block
 //! the key: the record is handled (at least once is the contract; dedup only narrows it).
 
-use std::collections::VecDeque;
+use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use prosody_api::ConsumerGroup;
-use prosody_api::digest::{DigestMap, Digester};
+use prosody_api::digest::{Digester, FoldedHasher};
 use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
 use serde_json::Value;
 use tracing::{debug, warn};
@@ -78,52 +82,66 @@ impl Layer for DedupLayer {
     }
 }
 
-/// The last `capacity` records inserted, each remembered for `ttl`.
+/// Records inserted recently: at least the last `capacity / 2` and at most the last
+/// `capacity`, each for at most `ttl`.
 struct RecentSet {
-    capacity: usize,
+    /// Records per generation.
+    generation: usize,
     ttl: Duration,
-    inner: Mutex<Recent>,
+    inner: Mutex<Generations>,
 }
 
+type DigestSet = HashSet<CacheKey, BuildHasherDefault<FoldedHasher>>;
+
+/// The generation being filled and the one before it, each with the time of its first insert:
+/// every record of a generation was inserted at or after it, so judging the TTL by it can only
+/// forget a record early (the store then answers), never remember one too long.
 #[derive(Default)]
-struct Recent {
-    inserted: DigestMap<Instant>,
-    order: VecDeque<CacheKey>,
+struct Generations {
+    current: DigestSet,
+    current_since: Option<Instant>,
+    previous: DigestSet,
+    previous_since: Option<Instant>,
 }
 
 impl RecentSet {
     fn new(capacity: usize, ttl: Duration) -> Self {
         Self {
-            capacity: capacity.max(1),
+            generation: capacity.div_ceil(2).max(1),
             ttl,
-            inner: Mutex::new(Recent::default()),
+            inner: Mutex::new(Generations::default()),
         }
     }
 
     fn contains(&self, key: CacheKey) -> bool {
         let inner = self.inner.lock();
-        inner
-            .inserted
-            .get(&key)
-            .is_some_and(|at| at.elapsed() < self.ttl)
+        let since = if inner.current.contains(&key) {
+            inner.current_since
+        } else if inner.previous.contains(&key) {
+            inner.previous_since
+        } else {
+            return false;
+        };
+        since.is_some_and(|since| since.elapsed() < self.ttl)
     }
 
     fn insert(&self, key: CacheKey) {
         let mut inner = self.inner.lock();
-        if inner.inserted.insert(key, Instant::now()).is_some() {
-            return;
+        if inner.current.len() >= self.generation {
+            let full = std::mem::take(&mut inner.current);
+            inner.previous = full;
+            inner.previous_since = inner.current_since.take();
         }
-        inner.order.push_back(key);
-        if inner.order.len() > self.capacity
-            && let Some(oldest) = inner.order.pop_front()
-        {
-            inner.inserted.remove(&oldest);
+        if inner.current_since.is_none() {
+            inner.current_since = Some(Instant::now());
         }
+        inner.current.insert(key);
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.inner.lock().inserted.len()
+        let inner = self.inner.lock();
+        inner.current.union(&inner.previous).count()
     }
 }
 
@@ -237,15 +255,25 @@ mod tests {
 
     #[test]
     fn the_recent_set_keeps_the_last_entries_within_their_ttl() {
-        let set = RecentSet::new(2, Duration::from_secs(60));
-        for key in 1..=3 {
+        let set = RecentSet::new(4, Duration::from_secs(60));
+        for key in 1..=5 {
             set.insert(key);
         }
-        assert_eq!(set.len(), 2);
-        assert!(!set.contains(1), "the oldest was evicted");
-        assert!(set.contains(2) && set.contains(3));
-        set.insert(3);
-        assert_eq!(set.len(), 2, "re-inserting does not grow the set");
+        assert!(
+            !set.contains(1) && !set.contains(2),
+            "the oldest generation was dropped"
+        );
+        assert!((3..=5).all(|key| set.contains(key)));
+        set.insert(5);
+        assert_eq!(set.len(), 3, "re-inserting does not grow the set");
+        for key in 6..=100 {
+            set.insert(key);
+            assert!(set.len() <= 4, "never more than the capacity");
+            assert!(
+                set.contains(key) && set.contains(key - 1),
+                "the last half is kept"
+            );
+        }
         let expired = RecentSet::new(2, Duration::ZERO);
         expired.insert(1);
         assert!(!expired.contains(1));

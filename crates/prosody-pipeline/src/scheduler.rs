@@ -16,6 +16,12 @@
 //!   its class's current virtual time (the latest granted), so it neither jumps the queue with
 //!   a zero nor pays for work it did long ago.
 //!
+//! The waiters are the keys the engine's runners serve: up to `maxConcurrency` per partition.
+//! A partition with more active keys than that queues the rest first come, first served until
+//! a runner takes them (see `consumer::partition`), so every active key of a partition gets a
+//! turn within a bounded number of others' events, and this scheduler chooses among keys that
+//! are all ready to run.
+//!
 //! Choosing among waiters considers two candidates per class, the least virtual time and the
 //! longest wait: the boost only grows with the wait, so the longest waiter is the one it can
 //! lift furthest, and keeping both orders in trees makes each grant O(log n).

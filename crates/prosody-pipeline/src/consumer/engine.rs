@@ -1,5 +1,6 @@
-//! The consumer engine: assigned partitions, a runner per active key, the global concurrency
-//! limit, and the drain on revocation. It knows nothing of librdkafka: records arrive through
+//! The consumer engine: assigned partitions, the runners that serve their active keys (at most
+//! `maxConcurrency` per partition, taking keys in turn; see [`super::partition`]), the global
+//! concurrency limit, and the drain on revocation. It knows nothing of librdkafka: records arrive through
 //! [`Engine::offer`], pausing goes out through [`FlowControl`], and handling through
 //! [`Dispatch`], so the whole engine runs in unit tests without a broker.
 
@@ -17,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass, admit};
-use super::partition::{Offer, PartitionWork};
+use super::partition::{Next, Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use super::work::{Keyed, Work};
 use crate::event::{Event, FiredTimer};
@@ -213,6 +214,7 @@ impl Engine {
             let work = PartitionWork::new(
                 generation,
                 self.inner.limits.max_uncommitted,
+                self.inner.limits.max_concurrency,
                 CancellationToken::new(),
             );
             let health = self
@@ -473,8 +475,9 @@ impl Engine {
         }
     }
 
-    /// Runs the events of one key, one at a time, until its queue is empty.
-    async fn run_key(self, slot: Arc<Slot>, key: Key) {
+    /// Serves keys of the partition, starting with `key`: their events one at a time, a key at
+    /// a time, as [`PartitionWork::after_event`] directs, until nothing waits for a runner.
+    async fn run_key(self, slot: Arc<Slot>, mut key: Key) {
         let partition = &slot.partition;
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
@@ -483,7 +486,15 @@ impl Engine {
             let (event, cancel) = {
                 let mut work = slot.work.lock();
                 let Some(next) = work.next_for(&key) else {
-                    return;
+                    // Revoked, or (never expected) a key with nothing queued: settle it like
+                    // the end of an event, so a key waiting for a runner is not stranded.
+                    match work.after_event(&key) {
+                        Next::Switch(next) => {
+                            key = next;
+                            continue;
+                        }
+                        Next::Same | Next::Stop => return,
+                    }
                 };
                 (next, work.cancel_token().clone())
             };
@@ -509,10 +520,12 @@ impl Engine {
                 // An earlier event of the key removed it after it fired: nothing to handle.
                 debug!(%partition, %key, time = %fired.timer.time, "fired timer was removed: skipped");
                 timers.finished(fired, true);
-                let idle = self.finish(&slot, &key, None);
+                let next = self.finish(&slot, &key, None);
                 drop(permit);
-                if idle {
-                    return;
+                match next {
+                    Next::Same => {}
+                    Next::Switch(next) => key = next,
+                    Next::Stop => return,
                 }
                 continue;
             }
@@ -534,26 +547,27 @@ impl Engine {
             if let (Some(fired), Some(timers)) = (&fired, timers) {
                 timers.finished(fired, completed);
             }
-            let idle = self.finish(&slot, &key, offset.filter(|_| completed));
+            let next = self.finish(&slot, &key, offset.filter(|_| completed));
             // Released only after the finish is recorded, so the engine never counts more
             // running events than there are permits (unless the dispatch gave it back).
             drop(permit);
-            if idle {
-                // Decided under the lock with the finish: asking for a permit first only to
-                // find the queue empty cost a whole admission (and the fair scheduler's
-                // bookkeeping) per event, since most keys have one event queued at a time.
-                return;
+            // Decided under the lock with the finish: asking for a permit first only to find
+            // the queue empty cost a whole admission (and the fair scheduler's bookkeeping) per
+            // event, since most keys have one event queued at a time.
+            match next {
+                Next::Same => {}
+                Next::Switch(next) => key = next,
+                Next::Stop => return,
             }
         }
     }
 
-    /// Records the end of an event of `key`; true when the key has nothing more queued (it is
-    /// now idle, or its assignment is gone), so its runner stops.
-    fn finish(&self, slot: &Arc<Slot>, key: &Key, offset: Option<Offset>) -> bool {
-        let (finished, idle) = {
+    /// Records the end of an event of `key` and returns what its runner does next.
+    fn finish(&self, slot: &Arc<Slot>, key: &Key, offset: Option<Offset>) -> Next {
+        let (finished, next) = {
             let mut work = slot.work.lock();
             let finished = work.finish(offset);
-            let idle = work.release_if_idle(key);
+            let next = work.after_event(key);
             slot.health.progress();
             if work.is_idle() {
                 slot.health.idle();
@@ -563,7 +577,7 @@ impl Engine {
                 debug!(partition = %slot.partition, "backlog drained: resuming");
                 self.inner.flow.resume(&slot.partition);
             }
-            (finished, idle)
+            (finished, next)
         };
         for key in finished.start {
             self.spawn_runner(slot.clone(), key);
@@ -571,7 +585,7 @@ impl Engine {
         if finished.drained {
             slot.drained.notify_one();
         }
-        idle
+        next
     }
 }
 

@@ -5,11 +5,19 @@
 //! pause and resume, which offset is committable) makes them testable without a broker or a
 //! runtime.
 //!
-//! A key is *active* while it has an entry in `keys`: exactly one runner owns an active key
+//! A key is *active* while it has an entry in `keys`: at most one runner serves an active key
 //! and takes its events one at a time, which is what keeps a key's events in order and never
 //! concurrent. The entry is removed by the runner itself, under the lock, when it finds the
 //! queue empty, so an event offered concurrently either lands in the queue the runner will
 //! still see or starts a new runner.
+//!
+//! Runners are few and long-lived rather than one per active key: a partition has at most
+//! `max_runners` (the engine's concurrency limit, so one partition alone can still use every
+//! permit), and an active key beyond them waits in `ready` for one. A runner whose key has
+//! nothing more takes the next ready key instead of stopping, and one whose key has more
+//! while others wait moves it to the back of `ready` and serves the front one, so every active
+//! key keeps its turn. Spawning a task per key cost a task allocation (cache-line aligned, a
+//! slow path of the allocator), its registration and its teardown for nearly every record.
 
 use prosody_api::{Key, Offset};
 use std::collections::VecDeque;
@@ -23,9 +31,9 @@ use crate::hashing::KeyMap;
 /// What happened to an offered event.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Offer {
-    /// The key was idle: a runner must be started for it.
+    /// The key was idle and the partition has room for another runner: start one for it.
     StartRunner(Key),
-    /// The key already has a runner; the event waits in its queue.
+    /// The event waits in its key's queue: behind the key's earlier events, or for a runner.
     Queued,
     /// The backlog is full; the event is held outside the backlog until it drains.
     Held,
@@ -35,10 +43,23 @@ pub enum Offer {
     Revoked,
 }
 
+/// What a runner does after an event of its key finished.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Go on with the same key: it has more queued and no other key waits for a runner.
+    Same,
+    /// Serve this key next: it waited for a runner (the runner's own key, if it has more,
+    /// now waits in its place).
+    Switch(Key),
+    /// Stop: nothing waits for a runner, or the partition was revoked.
+    Stop,
+}
+
 /// What the engine must do after an event finished.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Finished {
-    /// Keys that became active by admitting held events: start a runner for each.
+    /// Keys that became active by admitting held events and got a new runner: start one for
+    /// each.
     pub start: Vec<Key>,
     /// The backlog drained enough: resume the partition in Kafka.
     pub resume: bool,
@@ -53,6 +74,11 @@ pub struct PartitionWork<T> {
     max_backlog: usize,
     tracker: OffsetTracker,
     keys: KeyMap<Key, VecDeque<T>>,
+    /// Active keys without a runner, in the order they are served.
+    ready: VecDeque<Key>,
+    /// Runners serving this assignment.
+    runners: usize,
+    max_runners: usize,
     held: VecDeque<T>,
     backlog: usize,
     running: usize,
@@ -65,14 +91,23 @@ pub struct PartitionWork<T> {
 impl<T: Keyed> PartitionWork<T> {
     /// Fresh work for a newly assigned partition. `generation` distinguishes this assignment
     /// from earlier ones of the same partition, so runners of a revoked assignment cannot
-    /// touch a later one. `max_backlog` (>= 1) bounds queued plus running events.
+    /// touch a later one. `max_backlog` (>= 1) bounds queued plus running events;
+    /// `max_runners` (>= 1) bounds the runners serving its keys.
     #[must_use]
-    pub fn new(generation: u64, max_backlog: usize, cancel: CancellationToken) -> Self {
+    pub fn new(
+        generation: u64,
+        max_backlog: usize,
+        max_runners: usize,
+        cancel: CancellationToken,
+    ) -> Self {
         Self {
             generation,
             max_backlog: max_backlog.max(1),
             tracker: OffsetTracker::new(),
             keys: KeyMap::default(),
+            ready: VecDeque::new(),
+            runners: 0,
+            max_runners: max_runners.max(1),
             held: VecDeque::new(),
             backlog: 0,
             running: 0,
@@ -151,7 +186,13 @@ impl<T: Keyed> PartitionWork<T> {
             Entry::Vacant(slot) => {
                 let key = slot.key().clone();
                 slot.insert(VecDeque::from([event]));
-                Offer::StartRunner(key)
+                if self.runners < self.max_runners {
+                    self.runners += 1;
+                    Offer::StartRunner(key)
+                } else {
+                    self.ready.push_back(key);
+                    Offer::Queued
+                }
             }
         }
     }
@@ -164,37 +205,42 @@ impl<T: Keyed> PartitionWork<T> {
         }
     }
 
-    /// The runner of `key` takes the key's next event. `None` means the queue is empty and the
-    /// key is now idle (the runner must stop), or the partition was revoked.
+    /// The runner of `key` takes the key's next event. `None` when the partition was revoked
+    /// (the runner stops) or the queue is empty, which the runner then settles with
+    /// [`Self::after_event`] like the end of an event.
     pub fn next_for(&mut self, key: &Key) -> Option<T> {
         if self.revoked {
             return None;
         }
-        let queue = self.keys.get_mut(key)?;
-        if let Some(event) = queue.pop_front() {
-            self.running += 1;
-            Some(event)
-        } else {
-            self.keys.remove(key);
-            None
-        }
+        let event = self.keys.get_mut(key)?.pop_front()?;
+        self.running += 1;
+        Some(event)
     }
 
-    /// After an event of `key` finished: true when the key has nothing more queued (or the
-    /// partition was revoked), in which case the key is now idle and its runner must stop;
-    /// false when the runner goes on with the key's next event. Lets the runner stop without
-    /// asking for an admission permit it would not use.
-    pub fn release_if_idle(&mut self, key: &Key) -> bool {
+    /// What the runner of `key` does next, after an event of the key finished (and after
+    /// [`Self::finish`] recorded it). A key with nothing more queued becomes idle. Decided under
+    /// the same lock as the finish, so the runner never asks for an admission permit it would
+    /// not use, and an event offered concurrently is either seen here or starts a new runner.
+    pub fn after_event(&mut self, key: &Key) -> Next {
         if self.revoked {
-            return true;
+            return Next::Stop;
         }
-        match self.keys.get(key) {
-            Some(queue) if !queue.is_empty() => false,
-            Some(_) => {
-                self.keys.remove(key);
-                true
+        let more = self.keys.get(key).is_some_and(|queue| !queue.is_empty());
+        if !more {
+            self.keys.remove(key);
+        }
+        match self.ready.pop_front() {
+            Some(next) => {
+                if more {
+                    self.ready.push_back(key.clone());
+                }
+                Next::Switch(next)
             }
-            None => true,
+            None if more => Next::Same,
+            None => {
+                self.runners = self.runners.saturating_sub(1);
+                Next::Stop
+            }
         }
     }
 
@@ -234,6 +280,7 @@ impl<T: Keyed> PartitionWork<T> {
     pub fn revoke(&mut self) -> bool {
         self.revoked = true;
         self.keys.clear();
+        self.ready.clear();
         self.held.clear();
         self.backlog = self.running;
         self.running == 0
@@ -307,7 +354,7 @@ mod tests {
     }
 
     fn work(max_backlog: usize) -> PartitionWork<Event> {
-        PartitionWork::new(1, max_backlog, CancellationToken::new())
+        PartitionWork::new(1, max_backlog, 100, CancellationToken::new())
     }
 
     #[test]
@@ -318,20 +365,29 @@ mod tests {
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(0)));
         work.offer(event("a", 1));
         work.finish(Some(Offset(0)));
-        assert!(
-            !work.release_if_idle(&a),
+        assert_eq!(
+            work.after_event(&a),
+            Next::Same,
             "offset 1 waits: the runner goes on"
         );
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(1)));
         work.finish(Some(Offset(1)));
-        assert!(work.release_if_idle(&a), "nothing queued: the key is idle");
+        assert_eq!(
+            work.after_event(&a),
+            Next::Stop,
+            "nothing queued: the key is idle"
+        );
         assert_eq!(
             work.offer(event("a", 2)),
             Offer::StartRunner(a.clone()),
             "an idle key's next event starts a new runner"
         );
         work.revoke();
-        assert!(work.release_if_idle(&a), "a revoked partition runs nothing");
+        assert_eq!(
+            work.after_event(&a),
+            Next::Stop,
+            "a revoked partition runs nothing"
+        );
     }
 
     #[test]
@@ -354,11 +410,14 @@ mod tests {
             "a is still active"
         );
         work.finish(Some(Offset(0)));
+        assert_eq!(work.after_event(&a), Next::Same);
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(2)));
         work.finish(Some(Offset(2)));
+        assert_eq!(work.after_event(&a), Next::Same);
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(3)));
         work.finish(Some(Offset(3)));
-        assert_eq!(work.next_for(&a), None, "queue empty: the runner stops");
+        assert_eq!(work.next_for(&a), None, "queue empty");
+        assert_eq!(work.after_event(&a), Next::Stop, "the runner stops");
         assert_eq!(
             work.offer(event("a", 4)),
             Offer::StartRunner(a),
@@ -438,6 +497,61 @@ mod tests {
             Some(Offset(1)),
             "the drained handler's offset commits; dropped ones stay uncommitted"
         );
+    }
+
+    #[test]
+    fn runners_are_capped_and_waiting_keys_take_turns() {
+        let mut work = PartitionWork::new(1, 100, 2, CancellationToken::new());
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(Key::from);
+        assert_eq!(work.offer(event("a", 0)), Offer::StartRunner(a.clone()));
+        assert_eq!(work.offer(event("b", 1)), Offer::StartRunner(b.clone()));
+        for (key, offset) in [("c", 2), ("d", 3), ("a", 4)] {
+            assert_eq!(work.offer(event(key, offset)), Offer::Queued, "{key}");
+        }
+        // The first runner's key has more, but c and d wait: it serves c, and a waits last.
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(0)));
+        work.finish(Some(Offset(0)));
+        assert_eq!(work.after_event(&a), Next::Switch(c.clone()));
+        // The second runner's key is done: it serves d instead of stopping.
+        assert_eq!(work.next_for(&b).and_then(|e| e.offset()), Some(Offset(1)));
+        work.finish(Some(Offset(1)));
+        assert_eq!(work.after_event(&b), Next::Switch(d.clone()));
+        assert_eq!(work.next_for(&c).and_then(|e| e.offset()), Some(Offset(2)));
+        work.finish(Some(Offset(2)));
+        assert_eq!(
+            work.after_event(&c),
+            Next::Switch(a.clone()),
+            "a's turn again"
+        );
+        assert_eq!(work.next_for(&d).and_then(|e| e.offset()), Some(Offset(3)));
+        work.finish(Some(Offset(3)));
+        assert_eq!(work.after_event(&d), Next::Stop, "nothing waits");
+        assert_eq!(
+            work.offer(event("c", 5)),
+            Offer::StartRunner(c),
+            "a runner stopped, so there is room for a new one"
+        );
+        assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(4)));
+        work.finish(Some(Offset(4)));
+        assert_eq!(work.after_event(&a), Next::Stop);
+        assert_eq!(
+            work.committable(),
+            Some(Offset(5)),
+            "c's offset 5 is pending"
+        );
+    }
+
+    #[test]
+    fn a_revocation_forgets_keys_waiting_for_a_runner() {
+        let mut work = PartitionWork::new(1, 100, 1, CancellationToken::new());
+        let a = Key::from("a");
+        assert_eq!(work.offer(event("a", 0)), Offer::StartRunner(a.clone()));
+        assert_eq!(work.offer(event("b", 1)), Offer::Queued);
+        work.next_for(&a);
+        work.revoke();
+        work.finish(Some(Offset(0)));
+        assert_eq!(work.after_event(&a), Next::Stop, "b is not served");
+        assert_eq!(work.committable(), Some(Offset(1)));
     }
 
     #[test]

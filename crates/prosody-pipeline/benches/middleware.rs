@@ -36,8 +36,9 @@ fn thread_cpu() -> Option<Duration> {
 /// Mean CPU time per event of `subject` over `events`, admitted and dispatched one at a time
 /// (the wall clock when the CPU time is not available).
 async fn run(subject: &Subject, events: Vec<(usize, Event)>) -> Duration {
-    let cancel: Vec<CancellationToken> =
-        (0..PARTITIONS).map(|_| CancellationToken::new()).collect();
+    let cancel: Vec<std::sync::Arc<CancellationToken>> = (0..PARTITIONS)
+        .map(|_| std::sync::Arc::new(CancellationToken::new()))
+        .collect();
     let count = u32::try_from(events.len()).unwrap_or(u32::MAX).max(1);
     let started = Instant::now();
     let cpu_started = thread_cpu();

@@ -41,8 +41,9 @@ fn main() {
         // The pipeline's variants after the two subjects: what each part allocates per event.
         for build in SUBJECTS.into_iter().chain(VARIANTS) {
             let subject = build();
-            let cancel: Vec<CancellationToken> =
-                (0..PARTITIONS).map(|_| CancellationToken::new()).collect();
+            let cancel: Vec<std::sync::Arc<CancellationToken>> = (0..PARTITIONS)
+                .map(|_| std::sync::Arc::new(CancellationToken::new()))
+                .collect();
             let mut measured = None;
             for round in 0..2 {
                 let events = events(round, subject.ids);

@@ -119,7 +119,7 @@ enum Part {
 
 /// Admits and dispatches `event` as the engine does: a permit from the subject's admission,
 /// then `dispatch_admitted`, the permit dropped after the outcome is recorded.
-pub async fn dispatch_one(subject: &Subject, event: Event, cancel: CancellationToken) {
+pub async fn dispatch_one(subject: &Subject, event: Event, cancel: Arc<CancellationToken>) {
     let key = event.key().clone();
     let permit = PermitSlot::holding(admit(&*subject.admission, &key, TaskClass::Normal).await);
     let outcome = subject

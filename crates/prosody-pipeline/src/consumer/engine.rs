@@ -45,7 +45,7 @@ pub enum Outcome {
 #[async_trait]
 pub trait Dispatch: Send + Sync + 'static {
     /// Handles `event`. `cancel` fires when the work must stop (revocation, shutdown).
-    async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome;
+    async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome;
 
     /// Handles `event` holding the admission permit the engine acquired for it in `permit`.
     /// The engine calls this one; a dispatch that retries overrides it to give the permit
@@ -54,7 +54,7 @@ pub trait Dispatch: Send + Sync + 'static {
     async fn dispatch_admitted(
         &self,
         event: Event,
-        cancel: CancellationToken,
+        cancel: Arc<CancellationToken>,
         permit: PermitSlot,
     ) -> Outcome {
         let _held = permit;
@@ -215,7 +215,7 @@ impl Engine {
                 generation,
                 self.inner.limits.max_uncommitted,
                 self.inner.limits.max_concurrency,
-                CancellationToken::new(),
+                Arc::new(CancellationToken::new()),
             );
             let health = self
                 .inner
@@ -658,7 +658,7 @@ mod tests {
 
     #[async_trait]
     impl Dispatch for Recorder {
-        async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome {
+        async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome {
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             self.peak.fetch_max(now, Ordering::SeqCst);
             let offset = event.offset().map_or(-1, |offset| offset.0);

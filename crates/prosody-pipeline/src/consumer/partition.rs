@@ -22,6 +22,7 @@
 use prosody_api::{Key, Offset};
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::offsets::OffsetTracker;
@@ -85,7 +86,7 @@ pub struct PartitionWork<T> {
     paused: bool,
     pause_pending: bool,
     revoked: bool,
-    cancel: CancellationToken,
+    cancel: Arc<CancellationToken>,
 }
 
 impl<T: Keyed> PartitionWork<T> {
@@ -98,7 +99,7 @@ impl<T: Keyed> PartitionWork<T> {
         generation: u64,
         max_backlog: usize,
         max_runners: usize,
-        cancel: CancellationToken,
+        cancel: Arc<CancellationToken>,
     ) -> Self {
         Self {
             generation,
@@ -126,7 +127,7 @@ impl<T: Keyed> PartitionWork<T> {
 
     /// Cancellation of every handler of this assignment (fired on revocation and shutdown).
     #[must_use]
-    pub fn cancel_token(&self) -> &CancellationToken {
+    pub fn cancel_token(&self) -> &Arc<CancellationToken> {
         &self.cancel
     }
 
@@ -340,6 +341,7 @@ mod tests {
 
     use super::*;
     use crate::event::Event;
+    use std::sync::Arc;
 
     fn event(key: &str, offset: i64) -> Event {
         Event::Message(Message {
@@ -354,7 +356,7 @@ mod tests {
     }
 
     fn work(max_backlog: usize) -> PartitionWork<Event> {
-        PartitionWork::new(1, max_backlog, 100, CancellationToken::new())
+        PartitionWork::new(1, max_backlog, 100, Arc::new(CancellationToken::new()))
     }
 
     #[test]
@@ -501,7 +503,7 @@ mod tests {
 
     #[test]
     fn runners_are_capped_and_waiting_keys_take_turns() {
-        let mut work = PartitionWork::new(1, 100, 2, CancellationToken::new());
+        let mut work = PartitionWork::new(1, 100, 2, Arc::new(CancellationToken::new()));
         let [a, b, c, d] = ["a", "b", "c", "d"].map(Key::from);
         assert_eq!(work.offer(event("a", 0)), Offer::StartRunner(a.clone()));
         assert_eq!(work.offer(event("b", 1)), Offer::StartRunner(b.clone()));
@@ -543,7 +545,7 @@ mod tests {
 
     #[test]
     fn a_revocation_forgets_keys_waiting_for_a_runner() {
-        let mut work = PartitionWork::new(1, 100, 1, CancellationToken::new());
+        let mut work = PartitionWork::new(1, 100, 1, Arc::new(CancellationToken::new()));
         let a = Key::from("a");
         assert_eq!(work.offer(event("a", 0)), Offer::StartRunner(a.clone()));
         assert_eq!(work.offer(event("b", 1)), Offer::Queued);

@@ -29,7 +29,7 @@ use crate::timers::{StagedTimers, TimerWrite};
 #[derive(Debug)]
 pub struct AttemptContext {
     key: Key,
-    cancel: CancellationToken,
+    cancel: Arc<CancellationToken>,
     deadline: Option<Instant>,
     attempt: u32,
     ended: AtomicBool,
@@ -41,16 +41,16 @@ impl AttemptContext {
     /// A context for an attempt on `key`, cancelled through `cancel`, without timers (their
     /// calls fail with an invalid-request error).
     #[must_use]
-    pub fn new(key: Key, cancel: CancellationToken) -> Self {
+    pub fn new(key: Key, cancel: impl Into<Arc<CancellationToken>>) -> Self {
         Self::for_attempt(key, cancel, 1)
     }
 
     /// A context for attempt number `attempt` (from 1) on `key`.
     #[must_use]
-    pub fn for_attempt(key: Key, cancel: CancellationToken, attempt: u32) -> Self {
+    pub fn for_attempt(key: Key, cancel: impl Into<Arc<CancellationToken>>, attempt: u32) -> Self {
         Self {
             key,
-            cancel,
+            cancel: cancel.into(),
             deadline: None,
             attempt,
             ended: AtomicBool::new(false),

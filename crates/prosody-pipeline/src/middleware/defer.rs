@@ -1404,7 +1404,7 @@ mod tests {
 
     fn owned_by(event: Event, offset: i64, ownership: &CancellationToken) -> Task {
         Task {
-            cancel: ownership.clone(),
+            cancel: Arc::new(ownership.clone()),
             ..at(event, offset)
         }
     }

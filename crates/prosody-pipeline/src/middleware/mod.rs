@@ -56,8 +56,10 @@ pub use stack::{ModePolicy, StackDispatch, StackSettings};
 pub struct Task {
     /// The event.
     pub event: Arc<Event>,
-    /// Fires when the work must stop: revocation and shutdown.
-    pub cancel: CancellationToken,
+    /// Fires when the work must stop: revocation and shutdown. Shared by reference count:
+    /// tokio-util takes its token tree's lock on every clone and drop of a token, and every
+    /// event's task is cloned by several layers.
+    pub cancel: Arc<CancellationToken>,
     /// Past this instant the attempt counts as cancelled too (set by the timeout layer).
     /// A deadline rather than a timer per attempt: nothing is registered unless the handler
     /// actually waits for cancellation.

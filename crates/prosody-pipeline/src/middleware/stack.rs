@@ -181,7 +181,7 @@ impl StackDispatch {
 
 #[async_trait]
 impl Dispatch for StackDispatch {
-    async fn dispatch(&self, event: Event, cancel: CancellationToken) -> Outcome {
+    async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome {
         self.dispatch_admitted(event, cancel, PermitSlot::default())
             .await
     }
@@ -189,7 +189,7 @@ impl Dispatch for StackDispatch {
     async fn dispatch_admitted(
         &self,
         event: Event,
-        cancel: CancellationToken,
+        cancel: Arc<CancellationToken>,
         permit: PermitSlot,
     ) -> Outcome {
         let task = Task {
@@ -365,7 +365,7 @@ pub(crate) mod testing {
     pub(crate) fn task(event: Event) -> Task {
         Task {
             event: Arc::new(event),
-            cancel: CancellationToken::new(),
+            cancel: Arc::new(CancellationToken::new()),
             deadline: None,
             attempt: 1,
             permit: PermitSlot::default(),

@@ -7,7 +7,7 @@
 //! was a few percent of the consumer's CPU in the throughput bench). Keys are random per
 //! process: digests are never stored or sent anywhere.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 
 use siphasher::sip128::{Hasher128, SipHasher13};
@@ -41,6 +41,9 @@ impl Digester {
 
 /// A map keyed by digests.
 pub type DigestMap<V> = HashMap<u128, V, BuildHasherDefault<FoldedHasher>>;
+
+/// A set of digests.
+pub type DigestSet = HashSet<u128, BuildHasherDefault<FoldedHasher>>;
 
 /// Hashes a digest by folding its halves: it is already a keyed hash, so hashing it again
 /// would only cost time.

@@ -488,13 +488,11 @@ impl Engine {
                 let Some(next) = work.next_for(&key) else {
                     // Revoked, or (never expected) a key with nothing queued: settle it like
                     // the end of an event, so a key waiting for a runner is not stranded.
-                    match work.after_event(&key) {
-                        Next::Switch(next) => {
-                            key = next;
-                            continue;
-                        }
-                        Next::Same | Next::Stop => return,
-                    }
+                    let Some(next) = work.after_event(&key).key(key) else {
+                        return;
+                    };
+                    key = next;
+                    continue;
                 };
                 (next, work.cancel_token().clone())
             };
@@ -522,11 +520,10 @@ impl Engine {
                 timers.finished(fired, true);
                 let next = self.finish(&slot, &key, None);
                 drop(permit);
-                match next {
-                    Next::Same => {}
-                    Next::Switch(next) => key = next,
-                    Next::Stop => return,
-                }
+                let Some(next) = next.key(key) else {
+                    return;
+                };
+                key = next;
                 continue;
             }
             let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
@@ -554,11 +551,10 @@ impl Engine {
             // Decided under the lock with the finish: asking for a permit first only to find
             // the queue empty cost a whole admission (and the fair scheduler's bookkeeping) per
             // event, since most keys have one event queued at a time.
-            match next {
-                Next::Same => {}
-                Next::Switch(next) => key = next,
-                Next::Stop => return,
-            }
+            let Some(next) = next.key(key) else {
+                return;
+            };
+            key = next;
         }
     }
 

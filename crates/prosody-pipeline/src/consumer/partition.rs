@@ -56,6 +56,19 @@ pub enum Next {
     Stop,
 }
 
+impl Next {
+    /// The key the runner serves next (`current` when it goes on with it), or `None` when it
+    /// stops.
+    #[must_use]
+    pub fn key(self, current: Key) -> Option<Key> {
+        match self {
+            Self::Same => Some(current),
+            Self::Switch(next) => Some(next),
+            Self::Stop => None,
+        }
+    }
+}
+
 /// What the engine must do after an event finished.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Finished {

@@ -15,14 +15,12 @@
 //! never hides the record from a later delivery. A store that cannot answer does not block
 //! the key: the record is handled (at least once is the contract; dedup only narrows it).
 
-use std::collections::HashSet;
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use prosody_api::ConsumerGroup;
-use prosody_api::digest::{Digester, FoldedHasher};
+use prosody_api::digest::{DigestSet, Digester};
 use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
 use serde_json::Value;
 use tracing::{debug, warn};
@@ -91,17 +89,20 @@ struct RecentSet {
     inner: Mutex<Generations>,
 }
 
-type DigestSet = HashSet<CacheKey, BuildHasherDefault<FoldedHasher>>;
-
-/// The generation being filled and the one before it, each with the time of its first insert:
-/// every record of a generation was inserted at or after it, so judging the TTL by it can only
-/// forget a record early (the store then answers), never remember one too long.
+/// The generation being filled and the one before it.
 #[derive(Default)]
 struct Generations {
-    current: DigestSet,
-    current_since: Option<Instant>,
-    previous: DigestSet,
-    previous_since: Option<Instant>,
+    current: Generation,
+    previous: Generation,
+}
+
+/// Records inserted together, with the time of the first: every record of the generation was
+/// inserted at or after it, so judging the TTL by it can only forget a record early (the store
+/// then answers), never remember one too long.
+#[derive(Default)]
+struct Generation {
+    records: DigestSet,
+    since: Option<Instant>,
 }
 
 impl RecentSet {
@@ -115,33 +116,27 @@ impl RecentSet {
 
     fn contains(&self, key: CacheKey) -> bool {
         let inner = self.inner.lock();
-        let since = if inner.current.contains(&key) {
-            inner.current_since
-        } else if inner.previous.contains(&key) {
-            inner.previous_since
-        } else {
-            return false;
-        };
-        since.is_some_and(|since| since.elapsed() < self.ttl)
+        [&inner.current, &inner.previous]
+            .into_iter()
+            .find(|generation| generation.records.contains(&key))
+            .and_then(|generation| generation.since)
+            .is_some_and(|since| since.elapsed() < self.ttl)
     }
 
     fn insert(&self, key: CacheKey) {
         let mut inner = self.inner.lock();
-        if inner.current.len() >= self.generation {
-            let full = std::mem::take(&mut inner.current);
-            inner.previous = full;
-            inner.previous_since = inner.current_since.take();
+        if inner.current.records.len() >= self.generation {
+            inner.previous = std::mem::take(&mut inner.current);
         }
-        if inner.current_since.is_none() {
-            inner.current_since = Some(Instant::now());
-        }
-        inner.current.insert(key);
+        let current = &mut inner.current;
+        current.since.get_or_insert_with(Instant::now);
+        current.records.insert(key);
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
         let inner = self.inner.lock();
-        inner.current.union(&inner.previous).count()
+        inner.current.records.union(&inner.previous.records).count()
     }
 }
 

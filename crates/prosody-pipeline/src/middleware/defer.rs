@@ -353,7 +353,6 @@ struct Ownership {
 }
 
 /// The keys of an owned partition with deferred work, each with its work when cached.
-#[derive(Default)]
 struct DeferredKeys {
     keys: KeyMap<Key, Option<Arc<KeyWork>>>,
     cached: usize,
@@ -361,10 +360,8 @@ struct DeferredKeys {
 
 /// What the layer knows of a key without reading storage.
 enum Known {
-    /// Nothing is deferred.
-    Nothing,
-    /// This work is deferred.
-    Work(Arc<KeyWork>),
+    /// The key's deferred work (`None`: nothing is deferred).
+    Settled(Option<Arc<KeyWork>>),
     /// Storage must answer: the partition's keys are not read yet, or the key is deferred but
     /// its work is not cached.
     Unknown,
@@ -380,11 +377,11 @@ impl DeferredKeys {
 
     fn known(&self, key: &Key) -> Known {
         if self.keys.is_empty() {
-            return Known::Nothing;
+            return Known::Settled(None);
         }
         match self.keys.get(key) {
-            None => Known::Nothing,
-            Some(Some(work)) => Known::Work(work.clone()),
+            None => Known::Settled(None),
+            Some(Some(work)) => Known::Settled(Some(work.clone())),
             Some(None) => Known::Unknown,
         }
     }
@@ -574,6 +571,9 @@ impl<S: Service> Defer<S> {
     /// store. Work read from the store gets a retry timer if it has none (a crash between
     /// storing work and its timer, or a new owner of the partition).
     async fn work(&self, place: &Place<'_>) -> Result<Option<Arc<KeyWork>>, StorageError> {
+        if let Known::Settled(work) = &place.known {
+            return Ok(work.clone());
+        }
         let keys = place
             .ownership
             .keys
@@ -586,10 +586,9 @@ impl<S: Service> Defer<S> {
                 Ok::<_, StorageError>(Mutex::new(DeferredKeys::listed(listed)))
             })
             .await?;
-        match keys.lock().known(place.key()) {
-            Known::Nothing => return Ok(None),
-            Known::Work(work) => return Ok(Some(work)),
-            Known::Unknown => {}
+        if let Known::Settled(work) = keys.lock().known(place.key()) {
+            // The partition's keys were read just now (or by another event meanwhile).
+            return Ok(work);
         }
         let messages = self
             .store
@@ -732,9 +731,10 @@ impl<S: Service> Defer<S> {
     /// deferred when it fails transiently.
     async fn handle(&self, task: &Task) -> Verdict {
         let place = self.place(task);
+        // Known without storage for nearly every event; the read is boxed so its future does
+        // not size this one.
         let work = match &place.known {
-            Known::Nothing => None,
-            Known::Work(work) => Some(work.clone()),
+            Known::Settled(work) => work.clone(),
             Known::Unknown => Box::pin(self.work(&place))
                 .await
                 .map_err(|error| storage_failure(&error, task.attempt))?,

@@ -101,7 +101,7 @@ pub mod defer {
 
     /// Prefix of a key's deferred messages.
     pub fn messages(scope: &PartitionScope, key: &Key) -> KeyBuf {
-        partition(scope).str(key.as_str()).tag(DEFER_MESSAGE)
+        key_prefix(scope, key.as_str()).tag(DEFER_MESSAGE)
     }
 
     /// One deferred message.
@@ -111,7 +111,7 @@ pub mod defer {
 
     /// Prefix of a key's deferred timers.
     pub fn timers(scope: &PartitionScope, key: &Key) -> KeyBuf {
-        partition(scope).str(key.as_str()).tag(DEFER_TIMER)
+        key_prefix(scope, key.as_str()).tag(DEFER_TIMER)
     }
 
     /// One deferred timer.

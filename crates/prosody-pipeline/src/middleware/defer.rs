@@ -199,6 +199,10 @@ pub struct DeferSnapshot {
     pub dropped: u64,
     /// Times the gate switched deferral off.
     pub switched_off: u64,
+    /// Attempts that failed transiently so far, every retry counted (the failure rate's
+    /// numerator over the whole subscription rather than the window): an outage of a store
+    /// shows here even when the attempts fail before the handler runs.
+    pub transient_failures: u64,
 }
 
 #[derive(Debug)]
@@ -212,6 +216,7 @@ struct StatusInner {
     completed: AtomicU64,
     dropped: AtomicU64,
     switched_off: AtomicU64,
+    transient_failures: AtomicU64,
 }
 
 /// The live state of a defer layer: its failure-rate gate and counters. Cheap to clone.
@@ -235,6 +240,7 @@ impl DeferStatus {
                 completed: AtomicU64::new(0),
                 dropped: AtomicU64::new(0),
                 switched_off: AtomicU64::new(0),
+                transient_failures: AtomicU64::new(0),
             }),
         }
     }
@@ -246,6 +252,9 @@ impl DeferStatus {
             Err(failure) if failure.kind == FailureKind::Transient => true,
             Err(_) => return,
         };
+        if failed {
+            self.count(|inner| &inner.transient_failures);
+        }
         let mut rate = self.inner.rate.lock();
         rate.record(Instant::now(), failed);
         // A success cannot shut an open gate, so the common case skips the evaluation.
@@ -301,6 +310,7 @@ impl DeferStatus {
             completed: self.inner.completed.load(Ordering::Relaxed),
             dropped: self.inner.dropped.load(Ordering::Relaxed),
             switched_off: self.inner.switched_off.load(Ordering::Relaxed),
+            transient_failures: self.inner.transient_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -1578,5 +1588,9 @@ mod tests {
         let snapshot = status.snapshot();
         assert!(snapshot.deferring, "{snapshot:?}");
         assert_eq!((snapshot.samples, snapshot.switched_off), (0, 2));
+        assert_eq!(
+            snapshot.transient_failures, 12,
+            "the window forgets, the count of transient failures does not"
+        );
     }
 }

@@ -28,6 +28,9 @@ function options(extra = {}) {
     telemetryEnabled: false,
     commitIntervalMs: 200,
     pollIntervalMs: 20,
+    // The product default (1 s) is tight for the first sends of a fresh producer on a loaded
+    // two-core CI machine; these suites are about consuming, not send latency.
+    sendTimeoutMs: 10000,
     ...extra,
   };
 }

@@ -49,9 +49,9 @@ fn identity(scope: &PartitionScope, record: &DedupRecord) -> Vec<CqlValue> {
         CqlValue::Text(scope.group.as_str().to_owned()),
         CqlValue::Text(scope.topic.as_str().to_owned()),
         CqlValue::Int(scope.partition.0),
-        CqlValue::Text(record.key.as_str().to_owned()),
-        CqlValue::Text(record.id.clone()),
-        CqlValue::Text(record.version.to_string()),
+        CqlValue::Text(record.key().as_str().to_owned()),
+        CqlValue::Text(record.id().to_owned()),
+        CqlValue::Text(record.version().to_owned()),
     ]
 }
 

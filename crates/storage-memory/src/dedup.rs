@@ -1,49 +1,51 @@
 //! [`MemoryDedupStore`].
 //!
-//! Records are kept as 128-bit digests of (scope, record) rather than their strings: a
-//! consumer inserts one record per handled message, so the strings would cost five
-//! allocations per insert, five more per lookup (to build the owned key), and a few hundred
-//! bytes per record held. Two independently seeded 64-bit hashes make a collision (which would
-//! skip a message) vanishingly unlikely, the same argument as the pipeline's dedup cache.
+//! Records are kept per partition scope as their 128-bit fingerprints rather than their
+//! strings: a consumer inserts one record per handled message, so the strings would cost
+//! allocations per insert and lookup and a few hundred bytes per record held. The fingerprint
+//! comes with the record ([`DedupRecord::fingerprint`], a keyed digest computed once per
+//! message), so a lookup here hashes only the scope; a collision (which would skip a message) is
+//! vanishingly unlikely, the same argument as the pipeline's recent set.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use prosody_api::digest::{DigestMap, Digester};
+use prosody_api::digest::DigestMap;
 use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
 use prosody_api::{Clock, StorageError};
 
 use crate::sweep::SweepSchedule;
 
+/// Expiry per record fingerprint, per scope. Seeded foldhash for the scopes: a lookup hashes
+/// the group and topic names, which `SipHash` made most of an operation's cost.
+type Scopes = HashMap<PartitionScope, DigestMap<SystemTime>, foldhash::fast::RandomState>;
+
 /// Dedup records in memory, expiring on the given clock.
 #[derive(Clone, Debug)]
 pub struct MemoryDedupStore {
     clock: Arc<dyn Clock>,
-    /// Outside the lock: digesting is most of an operation's work, and every partition's
-    /// handlers share this one lock.
-    digester: Digester,
     inner: Arc<Mutex<Inner>>,
 }
 
 #[derive(Debug)]
 struct Inner {
-    expiries: DigestMap<SystemTime>,
+    scopes: Scopes,
+    /// Records held over every scope.
+    len: usize,
     sweep: SweepSchedule,
 }
 
-impl MemoryDedupStore {
-    fn digest(&self, scope: &PartitionScope, record: &DedupRecord) -> u128 {
-        let fields = (
-            scope.group.as_str(),
-            scope.topic.as_str(),
-            scope.partition.0,
-            record.key.as_str(),
-            record.id.as_str(),
-            &*record.version,
-        );
-        self.digester.digest(fields)
+impl Inner {
+    fn sweep(&mut self, now: SystemTime) {
+        self.scopes.retain(|_, expiries| {
+            expiries.retain(|_, expiry| now < *expiry);
+            !expiries.is_empty()
+        });
+        self.len = self.scopes.values().map(HashMap::len).sum();
+        self.sweep.swept(self.len);
     }
 }
 
@@ -52,9 +54,9 @@ impl MemoryDedupStore {
     pub fn new(clock: impl Clock + 'static) -> Self {
         Self {
             clock: Arc::new(clock),
-            digester: Digester::default(),
             inner: Arc::new(Mutex::new(Inner {
-                expiries: DigestMap::default(),
+                scopes: Scopes::default(),
+                len: 0,
                 sweep: SweepSchedule::new(),
             })),
         }
@@ -63,7 +65,7 @@ impl MemoryDedupStore {
     /// Number of records held, expired or not (for tests of the sweep).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.inner.lock().expiries.len()
+        self.inner.lock().len
     }
 
     /// True when no record is held.
@@ -82,13 +84,19 @@ impl DedupStore for MemoryDedupStore {
         ttl: Ttl,
     ) -> Result<(), StorageError> {
         let now = self.clock.now();
-        let digest = self.digest(scope, record);
         let mut inner = self.inner.lock();
-        inner.expiries.insert(digest, ttl.expires_at(now));
-        if inner.sweep.due(inner.expiries.len()) {
-            inner.expiries.retain(|_, expiry| now < *expiry);
-            let len = inner.expiries.len();
-            inner.sweep.swept(len);
+        let expiries = match inner.scopes.get_mut(scope) {
+            Some(expiries) => expiries,
+            None => inner.scopes.entry(scope.clone()).or_default(),
+        };
+        if expiries
+            .insert(record.fingerprint(), ttl.expires_at(now))
+            .is_none()
+        {
+            inner.len += 1;
+        }
+        if inner.sweep.due(inner.len) {
+            inner.sweep(now);
         }
         Ok(())
     }
@@ -99,12 +107,12 @@ impl DedupStore for MemoryDedupStore {
         record: &DedupRecord,
     ) -> Result<bool, StorageError> {
         let now = self.clock.now();
-        let digest = self.digest(scope, record);
         Ok(self
             .inner
             .lock()
-            .expiries
-            .get(&digest)
+            .scopes
+            .get(scope)
+            .and_then(|expiries| expiries.get(&record.fingerprint()))
             .is_some_and(|expiry| now < *expiry))
     }
 }

@@ -6,30 +6,62 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{PartitionScope, Ttl};
+use crate::digest::Digester;
 use crate::error::StorageError;
 use crate::key::Key;
 
 /// A processed message's identity: its key, its payload `id` and the client's
 /// `idempotenceVersion`. Bumping the version makes every earlier record irrelevant.
+///
+/// Built once per message and read by several parties (the pipeline's recent set, the store),
+/// so it carries its [`fingerprint`](Self::fingerprint), computed once at construction.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DedupRecord {
-    /// The message key.
-    pub key: Key,
-    /// The payload's `id` field.
-    pub id: String,
-    /// The idempotence version. Shared: it is the same for every record a subscription makes,
-    /// and a copy per handled message was an allocation on the hot path.
-    pub version: Arc<str>,
+    key: Key,
+    id: String,
+    /// Shared: it is the same for every record a subscription makes, and a copy per handled
+    /// message was an allocation on the hot path.
+    version: Arc<str>,
+    fingerprint: u128,
 }
 
 impl DedupRecord {
     /// A record from its parts.
     pub fn new(key: impl Into<Key>, id: impl Into<String>, version: impl Into<Arc<str>>) -> Self {
+        let (key, id, version) = (key.into(), id.into(), version.into());
+        let fingerprint = Digester::shared().digest((key.as_str(), id.as_str(), &*version));
         Self {
-            key: key.into(),
-            id: id.into(),
-            version: version.into(),
+            key,
+            id,
+            version,
+            fingerprint,
         }
+    }
+
+    /// The message key.
+    #[must_use]
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The payload's `id` field.
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The idempotence version.
+    #[must_use]
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// A 128-bit digest of (key, id, version) under [`Digester::shared`]: equal records have
+    /// equal fingerprints, and different ones differ but with negligible probability. Keys are
+    /// random per process, so a fingerprint is for in-process sets only, never for storage.
+    #[must_use]
+    pub fn fingerprint(&self) -> u128 {
+        self.fingerprint
     }
 }
 

@@ -19,26 +19,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prosody_api::ConsumerGroup;
 use prosody_api::digest::{DigestSet, Digester};
 use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
+use prosody_api::{ConsumerGroup, Partition, Topic};
 use serde_json::Value;
 use tracing::{debug, warn};
 
 use super::{Layer, Service, Task, Verdict};
 use crate::event::Event;
+use crate::hashing::KeyMap;
 
-/// The cache's notion of a record: a 128-bit digest of (topic, partition, key, id), the
-/// store's scope and record minus the fixed group and version of this subscription. A digest
-/// rather than the strings keeps the hot path free of allocations; two independently seeded
-/// 64-bit hashes make a collision (which would skip a message) vanishingly unlikely.
+/// The recent set's notion of a record: the record's fingerprint (key, id and version, fixed
+/// per subscription) combined with a keyed digest of its (topic, partition). Both halves are
+/// keyed 128-bit digests unknown outside the process, so two different records share a key
+/// with negligible probability, and a digest rather than the strings keeps the hot path free of
+/// allocations.
 type CacheKey = u128;
 
 /// Skips messages already handled.
 pub struct Dedup<S> {
     store: Arc<dyn DedupStore>,
     cache: RecentSet,
-    digester: Digester,
     group: ConsumerGroup,
     version: Arc<str>,
     ttl: Ttl,
@@ -71,7 +72,6 @@ impl Layer for DedupLayer {
         Dedup {
             store: self.store,
             cache,
-            digester: Digester::default(),
             group: ConsumerGroup::from(self.group_id),
             version: Arc::from(self.version),
             ttl: self.ttl,
@@ -86,14 +86,17 @@ struct RecentSet {
     /// Records per generation.
     generation: usize,
     ttl: Duration,
+    /// Digests the places (topic, partition) records are combined with.
+    digester: Digester,
     inner: Mutex<Generations>,
 }
 
-/// The generation being filled and the one before it.
+/// The generation being filled, the one before it, and the digest of each place seen.
 #[derive(Default)]
 struct Generations {
     current: Generation,
     previous: Generation,
+    places: KeyMap<(Topic, Partition), u128>,
 }
 
 /// Records inserted together, with the time of the first: every record of the generation was
@@ -110,10 +113,48 @@ impl RecentSet {
         Self {
             generation: capacity.div_ceil(2).max(1),
             ttl,
+            digester: Digester::default(),
             inner: Mutex::new(Generations::default()),
         }
     }
 
+    /// The key of `record` read from `topic` and `partition`, and whether it is in the set.
+    fn lookup(
+        &self,
+        topic: &Topic,
+        partition: Partition,
+        record: &DedupRecord,
+    ) -> (CacheKey, bool) {
+        let mut inner = self.inner.lock();
+        let place = *inner
+            .places
+            .entry((topic.clone(), partition))
+            .or_insert_with(|| self.digester.digest((topic.as_str(), partition.0)));
+        let key = place ^ record.fingerprint();
+        let seen = [&inner.current, &inner.previous]
+            .into_iter()
+            .find(|generation| generation.records.contains(&key))
+            .and_then(|generation| generation.since)
+            .is_some_and(|since| since.elapsed() < self.ttl);
+        (key, seen)
+    }
+
+    fn insert(&self, key: CacheKey) {
+        let mut inner = self.inner.lock();
+        if inner.current.records.len() >= self.generation {
+            // The dropped generation's table is reused: a fresh one would grow by rehashing
+            // all the way to the generation's size again.
+            let mut dropped = std::mem::take(&mut inner.previous);
+            dropped.records.clear();
+            dropped.since = None;
+            inner.previous = std::mem::replace(&mut inner.current, dropped);
+        }
+        let current = &mut inner.current;
+        current.since.get_or_insert_with(Instant::now);
+        current.records.insert(key);
+    }
+
+    #[cfg(test)]
     fn contains(&self, key: CacheKey) -> bool {
         let inner = self.inner.lock();
         [&inner.current, &inner.previous]
@@ -121,16 +162,6 @@ impl RecentSet {
             .find(|generation| generation.records.contains(&key))
             .and_then(|generation| generation.since)
             .is_some_and(|since| since.elapsed() < self.ttl)
-    }
-
-    fn insert(&self, key: CacheKey) {
-        let mut inner = self.inner.lock();
-        if inner.current.records.len() >= self.generation {
-            inner.previous = std::mem::take(&mut inner.current);
-        }
-        let current = &mut inner.current;
-        current.since.get_or_insert_with(Instant::now);
-        current.records.insert(key);
     }
 
     #[cfg(test)]
@@ -159,34 +190,32 @@ impl<S: Service> Service for Dedup<S> {
         let Some((message, id)) = payload_id(&task.event) else {
             return self.inner.call(task).await;
         };
-        let cache_key = self.digester.digest((
-            message.topic.as_str(),
-            message.partition.0,
-            message.key.as_str(),
-            id.as_str(),
-        ));
-        if self.cache.contains(cache_key) {
-            debug!(key = %message.key, %id, offset = message.offset.0, "duplicate skipped (cache)");
+        let record = DedupRecord::new(message.key.clone(), id, self.version.clone());
+        let (cache_key, seen) = self
+            .cache
+            .lookup(&message.topic, message.partition, &record);
+        if seen {
+            debug!(key = %message.key, id = record.id(), offset = message.offset.0,
+                "duplicate skipped (cache)");
             return Ok(Value::Null);
         }
         let scope =
             PartitionScope::new(self.group.clone(), message.topic.clone(), message.partition);
-        let record = DedupRecord::new(message.key.clone(), id, self.version.clone());
         match self.store.contains(&scope, &record).await {
             Ok(true) => {
-                debug!(key = %message.key, id = %record.id, offset = message.offset.0,
+                debug!(key = %message.key, id = record.id(), offset = message.offset.0,
                     "duplicate skipped (store)");
                 self.cache.insert(cache_key);
                 return Ok(Value::Null);
             }
             Ok(false) => {}
-            Err(error) => warn!(key = %message.key, id = %record.id, %error,
+            Err(error) => warn!(key = %message.key, id = record.id(), %error,
                 "dedup store cannot answer: handling the message anyway"),
         }
         let verdict = self.inner.call(task).await;
         if verdict.is_ok() {
             if let Err(error) = self.store.insert(&scope, &record, self.ttl).await {
-                warn!(key = %record.key, id = %record.id, %error,
+                warn!(key = %message.key, id = record.id(), %error,
                     "cannot record the message as handled: a redelivery would handle it again");
             }
             self.cache.insert(cache_key);

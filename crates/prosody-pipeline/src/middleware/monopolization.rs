@@ -42,9 +42,16 @@ pub struct MonopolizationSettings {
 #[derive(Debug, Default, Clone, Copy)]
 struct Usage {
     slots: [(u64, u64); BUCKETS as usize],
+    /// The newest bucket charged.
+    last: u64,
 }
 
 impl Usage {
+    /// True when time was charged in the window ending in bucket `now`.
+    fn charged_within(&self, now: u64) -> bool {
+        self.last + u64::from(BUCKETS) > now
+    }
+
     /// Busy nanoseconds in the buckets of the window ending in bucket `now`.
     fn total(&self, now: u64) -> u64 {
         self.slots
@@ -55,6 +62,7 @@ impl Usage {
     }
 
     fn add(&mut self, now: u64, busy: u64) {
+        self.last = self.last.max(now);
         let slot = &mut self.slots[usize::try_from(now % u64::from(BUCKETS)).unwrap_or(0)];
         if slot.0 == now {
             slot.1 = slot.1.saturating_add(busy);
@@ -174,19 +182,24 @@ impl<S: Service> Monopolization<S> {
             .unwrap_or(usize::MAX)
             .max(1);
         let mut usage = self.usage.lock();
-        usage.entry(index).or_default().add(now, busy);
-        if usage.len() > capacity {
+        // Room is made before a new key is added, so the key being charged is never the one
+        // forgotten.
+        if usage.len() >= capacity && !usage.contains_key(&index) {
             // Keys with no time left in the window lose nothing by being forgotten; beyond
             // that, arbitrary ones go. A quarter at a time keeps the cost per event constant.
-            usage.retain(|_, key| key.total(now) > 0);
-            if usage.len() > capacity {
-                let excess = usage.len() - (capacity - capacity / 4);
-                let evicted: Vec<u64> = usage.keys().take(excess).copied().collect();
-                for key in evicted {
-                    usage.remove(&key);
-                }
+            // Passes over the map rather than collecting victims: the sweep is amortized over
+            // a quarter of the capacity's events, but it was still a tenth of the layer.
+            usage.retain(|_, key| key.charged_within(now));
+            let mut excess = (usage.len() + 1).saturating_sub(capacity - capacity / 4);
+            if excess > 0 {
+                usage.retain(|_, _| {
+                    let forget = excess > 0;
+                    excess = excess.saturating_sub(1);
+                    !forget
+                });
             }
         }
+        usage.entry(index).or_default().add(now, busy);
     }
 }
 
@@ -235,5 +248,42 @@ mod tests {
         assert_eq!(status.rejected(), 1);
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(layer.call(&hog).await, Ok(Value::Null), "the window slid");
+    }
+
+    #[test]
+    fn over_capacity_idle_keys_go_first_then_arbitrary_ones_down_to_three_quarters() {
+        let layer = Box::new(MonopolizationLayer {
+            settings: MonopolizationSettings {
+                threshold: 0.5,
+                window: Duration::from_secs(10),
+                cache_size: 8,
+            },
+            status: MonopolizationStatus::default(),
+        })
+        .wrap(Arc::new(Sleeping(Duration::ZERO)));
+        // Keys 0..4 charged long ago, 4..8 in the current window.
+        for index in 0..4 {
+            layer.charge(index, 1, 5);
+        }
+        for index in 4..8 {
+            layer.charge(index, 100, 5);
+        }
+        layer.charge(8, 100, 5);
+        let kept: Vec<u64> = {
+            let mut kept: Vec<u64> = layer.usage.lock().keys().copied().collect();
+            kept.sort_unstable();
+            kept
+        };
+        assert_eq!(kept, [4, 5, 6, 7, 8], "only the idle keys were forgotten");
+        for index in 9..13 {
+            layer.charge(index, 100, 5);
+        }
+        let usage = layer.usage.lock();
+        assert_eq!(
+            usage.len(),
+            6,
+            "room made for a ninth busy key: three quarters with it"
+        );
+        assert!(usage.contains_key(&12), "the key just charged is kept");
     }
 }

@@ -59,7 +59,9 @@ impl<S: Service> Service for Shutdown<S> {
             verdict = &mut running => verdict,
             () = async {
                 task.cancel.cancelled().await;
-                tokio::time::sleep(self.grace).await;
+                // Boxed: the timer is only needed once cancellation fired, and inline it
+                // would size every event's future (see `crate::middleware::defer`).
+                Box::pin(tokio::time::sleep(self.grace)).await;
             } => {
                 warn!(key = %task.event.key(), attempt = task.attempt, grace = ?self.grace,
                     "handler ignored cancellation: attempt abandoned, record left uncommitted");

@@ -123,9 +123,9 @@ pub mod defer {
 /// The key of a dedup record.
 pub fn dedup(scope: &PartitionScope, record: &DedupRecord) -> KeyBuf {
     partition(scope)
-        .str(record.key.as_str())
-        .str(&record.id)
-        .str(&record.version)
+        .str(record.key().as_str())
+        .str(record.id())
+        .str(record.version())
 }
 
 /// Keys of one state cell: (collection scope, Kafka key).

@@ -99,6 +99,17 @@ struct Generations {
     places: KeyMap<(Topic, Partition), u128>,
 }
 
+impl Generations {
+    /// True when a generation holds `key` and is younger than `ttl`.
+    fn holds(&self, key: CacheKey, ttl: Duration) -> bool {
+        [&self.current, &self.previous]
+            .into_iter()
+            .find(|generation| generation.records.contains(&key))
+            .and_then(|generation| generation.since)
+            .is_some_and(|since| since.elapsed() < ttl)
+    }
+}
+
 /// Records inserted together, with the time of the first: every record of the generation was
 /// inserted at or after it, so judging the TTL by it can only forget a record early (the store
 /// then answers), never remember one too long.
@@ -131,12 +142,7 @@ impl RecentSet {
             .entry((topic.clone(), partition))
             .or_insert_with(|| self.digester.digest((topic.as_str(), partition.0)));
         let key = place ^ record.fingerprint();
-        let seen = [&inner.current, &inner.previous]
-            .into_iter()
-            .find(|generation| generation.records.contains(&key))
-            .and_then(|generation| generation.since)
-            .is_some_and(|since| since.elapsed() < self.ttl);
-        (key, seen)
+        (key, inner.holds(key, self.ttl))
     }
 
     fn insert(&self, key: CacheKey) {
@@ -156,12 +162,7 @@ impl RecentSet {
 
     #[cfg(test)]
     fn contains(&self, key: CacheKey) -> bool {
-        let inner = self.inner.lock();
-        [&inner.current, &inner.previous]
-            .into_iter()
-            .find(|generation| generation.records.contains(&key))
-            .and_then(|generation| generation.since)
-            .is_some_and(|since| since.elapsed() < self.ttl)
+        self.inner.lock().holds(key, self.ttl)
     }
 
     #[cfg(test)]

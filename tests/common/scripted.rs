@@ -128,7 +128,7 @@ impl EventHandler for Scripted {
             successes.push(Success {
                 key: message.key.to_string(),
                 offset: message.offset.0,
-                payload: message.payload.clone(),
+                payload: message.payload.value().clone(),
                 at: Instant::now(),
             });
             successes.len()

@@ -151,12 +151,28 @@ thread_local! {
     static ENCODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Encodes `event` (a JSON array) with the thread's scratch buffer and hands the text to
-/// `queue`.
-fn with_encoded<R>(event: &impl Serialize, queue: impl FnOnce(&str) -> R) -> serde_json::Result<R> {
+/// Encodes `event` (a tuple, so a JSON array) with the thread's scratch buffer, appends
+/// `payload` (JSON text) as the array's last element when there is one, and hands the text to
+/// `queue`. A message's payload goes in as the text it arrived as: it is never parsed in Rust
+/// nor encoded again, only once by `JSON.parse` in JavaScript.
+fn with_encoded<R>(
+    event: &impl Serialize,
+    payload: Option<&str>,
+    queue: impl FnOnce(&str) -> R,
+) -> serde_json::Result<R> {
     ENCODED.with_borrow_mut(|buffer| {
         buffer.clear();
         serde_json::to_writer(&mut *buffer, event)?;
+        if let Some(payload) = payload {
+            if buffer.pop() != Some(b']') {
+                return Err(serde::ser::Error::custom(
+                    "an event must encode as a JSON array",
+                ));
+            }
+            buffer.push(b',');
+            buffer.extend_from_slice(payload.as_bytes());
+            buffer.push(b']');
+        }
         // serde_json writes UTF-8 only; the check is a fast pass over ~100 bytes.
         let text = std::str::from_utf8(buffer).map_err(serde::ser::Error::custom)?;
         Ok(queue(text))
@@ -288,16 +304,19 @@ impl JsHandler {
         Self { bridge }
     }
 
+    /// Runs the event `event(attempt id)` encodes, followed by `payload` when there is one
+    /// (see [`with_encoded`]), in JavaScript and waits for its promise.
     async fn run<E: Serialize>(
         &self,
         context: &dyn EventContext,
+        payload: Option<&str>,
         event: impl FnOnce(u32) -> E,
     ) -> Result<Value, JsHandlerError> {
         let attempt = Attempt::open(context.owned_state());
         let id = attempt.id();
         let abort = self.bridge.abort_fn();
-        let queued =
-            with_encoded(&event(id), |text| self.bridge.enqueue(id, text)).map_err(|error| {
+        let queued = with_encoded(&event(id), payload, |text| self.bridge.enqueue(id, text))
+            .map_err(|error| {
                 JsHandlerError::new(
                     format!("the event cannot be encoded for JavaScript: {error}"),
                     ErrorClass::Permanent,
@@ -386,8 +405,7 @@ impl EventHandler for JsHandler {
         context: &dyn EventContext,
         message: &Message,
     ) -> Result<Value, JsHandlerError> {
-        // A tuple serializes as the JSON array directly, without copying the payload first.
-        self.run(context, |id| {
+        self.run(context, Some(message.payload.json()), |id| {
             (
                 EventKind::Message as u8,
                 id,
@@ -396,7 +414,6 @@ impl EventHandler for JsHandler {
                 message.partition.0,
                 message.offset.0,
                 message.timestamp.as_millis(),
-                &message.payload,
             )
         })
         .await
@@ -407,7 +424,7 @@ impl EventHandler for JsHandler {
         context: &dyn EventContext,
         message: &ExciseMessage,
     ) -> Result<Value, JsHandlerError> {
-        self.run(context, |id| {
+        self.run(context, None, |id| {
             (
                 EventKind::Excise as u8,
                 id,
@@ -427,7 +444,7 @@ impl EventHandler for JsHandler {
         timer: &Timer,
     ) -> Result<(), JsHandlerError> {
         let millis = timer.time.as_secs().saturating_mul(1000);
-        self.run(context, |id| {
+        self.run(context, None, |id| {
             (EventKind::Timer as u8, id, timer.key.as_str(), millis)
         })
         .await

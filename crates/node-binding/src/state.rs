@@ -85,7 +85,7 @@ impl Item for Message {
             offset: Offset(offset),
             timestamp: Timestamp::from_millis(0),
             key: Key::from(""),
-            payload: Value::Null,
+            payload: Value::Null.into(),
             headers: Headers::new(),
         })
     }
@@ -679,7 +679,7 @@ mod tests {
         let mut out = String::new();
         Message {
             key: Key::from("k"),
-            payload: json!({"a": 1}),
+            payload: json!({"a": 1}).into(),
             timestamp: Timestamp::from_millis(7),
             ..message
         }

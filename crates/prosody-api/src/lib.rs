@@ -30,6 +30,7 @@ pub mod digest;
 pub mod error;
 pub mod handler;
 pub mod key;
+pub mod payload;
 pub mod record;
 pub mod storage;
 pub mod timer;
@@ -47,5 +48,6 @@ pub use error::{
 };
 pub use handler::EventHandler;
 pub use key::{CollectionName, ConsumerGroup, Key, Offset, Partition, Subsystem, Topic};
+pub use payload::{InvalidPayload, Payload};
 pub use record::{ExciseMessage, Headers, Message, Timestamp};
 pub use timer::{SlabId, SlabSize, Timer, TimerKind, TimerTime};

@@ -6,9 +6,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
-
 use crate::key::{Key, Offset, Partition, Topic};
+use crate::payload::Payload;
 
 /// The header a producer stamps with its source system; a consumer skips records whose value
 /// equals its own group id so a service never consumes its own output.
@@ -142,8 +141,9 @@ pub struct Message {
     pub timestamp: Timestamp,
     /// Record key.
     pub key: Key,
-    /// Decoded JSON value of the record.
-    pub payload: Value,
+    /// The record's JSON value: its text, and the parsed [`serde_json::Value`] on first use
+    /// (`payload["field"]` reads it like a `Value`).
+    pub payload: Payload,
     /// Record headers (tracing context, `source-system`, and any others).
     pub headers: Headers,
 }

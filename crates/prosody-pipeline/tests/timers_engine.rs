@@ -354,7 +354,7 @@ impl Rig {
                 offset: Offset(offset),
                 timestamp: Timestamp::from_millis(0),
                 key: Key::from(key),
-                payload: json!({}),
+                payload: json!({}).into(),
                 headers: Headers::new(),
             }),
         );

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use prosody_api::storage::Ttl;
 use prosody_api::{
     EventContext, EventHandler, ExciseMessage, HandlerError, Headers, Key, Message, Offset,
-    Partition, SlabSize, SystemClock, Timer, Timestamp, Topic,
+    Partition, Payload, SlabSize, SystemClock, Timer, Timestamp, Topic,
 };
 use prosody_pipeline::Event;
 use prosody_pipeline::consumer::{
@@ -261,18 +261,22 @@ pub fn events(round: usize, ids: bool) -> Vec<(usize, Event)> {
             let slot = usize::try_from(partition).unwrap_or(0);
             let offset = offsets[slot];
             offsets[slot] += 1;
+            let document = json!({
+                "type": "bench.event",
+                "id": if ids { Value::from(format!("{round}-{sequence}")) } else { Value::Null },
+                "key": keys[key_index].as_str(),
+                "pad": "x".repeat(40),
+            });
+            // As consumed: the text, checked; the tree is parsed only if something reads it.
+            let payload = Payload::from_json(document.to_string())
+                .unwrap_or_else(|_| Payload::from(document));
             let event = Event::Message(Message {
                 topic: topic.clone(),
                 partition: Partition(partition),
                 offset: Offset(offset),
                 timestamp: Timestamp::from_millis(1_700_000_000_000),
                 key: keys[key_index].clone(),
-                payload: json!({
-                    "type": "bench.event",
-                    "id": if ids { Value::from(format!("{round}-{sequence}")) } else { Value::Null },
-                    "key": keys[key_index].as_str(),
-                    "pad": "x".repeat(40),
-                }),
+                payload,
                 headers: Headers::default(),
             });
             (slot, event)

@@ -685,7 +685,7 @@ mod tests {
             offset: Offset(offset),
             timestamp: Timestamp::from_millis(0),
             key: Key::from(key),
-            payload: json!({}),
+            payload: json!({}).into(),
             headers: Headers::new(),
         })
     }

@@ -363,7 +363,7 @@ mod tests {
             offset: Offset(offset),
             timestamp: Timestamp::from_millis(0),
             key: Key::from(key),
-            payload: json!({ "n": offset }),
+            payload: json!({ "n": offset }).into(),
             headers: Headers::new(),
         })
     }

@@ -10,8 +10,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::str::Utf8Error;
 
 use prosody_api::{
-    ClassifyError, ErrorClass, ExciseMessage, Headers, Key, Message, Offset, Partition, Timestamp,
-    Topic,
+    ClassifyError, ErrorClass, ExciseMessage, Headers, Key, Message, Offset, Partition, Payload,
+    Timestamp, Topic,
 };
 use rdkafka::message::Message as RdMessage;
 
@@ -86,9 +86,9 @@ impl Default for DecodeLimits {
     }
 }
 
-/// A record taken off a partition queue, validated and copied but not yet parsed: the poll
-/// thread only checks what routing needs (the key) and the size limit, so parsing JSON happens
-/// on the worker that handles the record, in parallel with others.
+/// A record taken off a partition queue, validated and copied but not yet checked as JSON: the
+/// poll thread only checks what routing needs (the key) and the size limit, so the JSON check
+/// happens on the worker that handles the record, in parallel with others.
 #[derive(Debug, Clone)]
 pub struct Captured {
     topic: Topic,
@@ -117,53 +117,22 @@ impl Captured {
     /// [`Event::Rejected`] carrying the raw bytes, so the failure policy can forward them.
     #[must_use]
     pub fn into_routable(self) -> Event {
-        let Some(value) = &self.value else {
-            return Event::Excise(ExciseMessage {
-                topic: self.topic,
-                partition: self.partition,
-                offset: self.offset,
-                timestamp: self.timestamp,
-                key: self.key,
-                headers: self.headers,
-            });
-        };
-        match serde_json::from_slice(value) {
-            Ok(payload) => Event::Message(Message {
-                topic: self.topic,
-                partition: self.partition,
-                offset: self.offset,
-                timestamp: self.timestamp,
-                key: self.key,
-                payload,
-                headers: self.headers,
-            }),
-            Err(error) => {
-                let reason = DecodeError {
-                    topic: self.topic.clone(),
-                    partition: self.partition,
-                    offset: self.offset,
-                    problem: DecodeProblem::NotJson(error),
-                }
-                .to_string();
-                Event::Rejected(Box::new(RejectedRecord {
-                    raw_key: Some(self.key.as_str().as_bytes().to_vec()),
-                    topic: self.topic,
-                    partition: self.partition,
-                    offset: self.offset,
-                    key: self.key,
-                    raw_value: self.value,
-                    headers: self.headers,
-                    reason,
-                }))
-            }
-        }
+        self.parse()
+            .unwrap_or_else(|(_, rejected)| Event::Rejected(rejected))
     }
 
-    /// Parses the value: a null value is an excise record, anything else must be JSON.
+    /// Checks the value: a null value is an excise record, anything else must be JSON (kept
+    /// as text; see [`Payload`]).
     ///
     /// # Errors
     /// [`DecodeProblem::NotJson`] when the value is not JSON.
     pub fn into_event(self) -> Result<Event, DecodeError> {
+        self.parse().map_err(|(error, _)| error)
+    }
+
+    /// [`into_event`](Self::into_event), with a rejected record's raw parts kept beside the
+    /// error.
+    fn parse(self) -> Result<Event, (DecodeError, Box<RejectedRecord>)> {
         let Some(value) = self.value else {
             return Ok(Event::Excise(ExciseMessage {
                 topic: self.topic,
@@ -174,7 +143,7 @@ impl Captured {
                 headers: self.headers,
             }));
         };
-        match serde_json::from_slice(&value) {
+        match Payload::from_json_bytes(value) {
             Ok(payload) => Ok(Event::Message(Message {
                 topic: self.topic,
                 partition: self.partition,
@@ -184,12 +153,29 @@ impl Captured {
                 payload,
                 headers: self.headers,
             })),
-            Err(error) => Err(DecodeError {
-                topic: self.topic,
-                partition: self.partition,
-                offset: self.offset,
-                problem: DecodeProblem::NotJson(error),
-            }),
+            Err(invalid) => {
+                let (error, raw_value) = invalid.into_parts();
+                let error = DecodeError {
+                    topic: self.topic.clone(),
+                    partition: self.partition,
+                    offset: self.offset,
+                    problem: DecodeProblem::NotJson(error),
+                };
+                let reason = error.to_string();
+                Err((
+                    error,
+                    Box::new(RejectedRecord {
+                        raw_key: Some(self.key.as_str().as_bytes().to_vec()),
+                        topic: self.topic,
+                        partition: self.partition,
+                        offset: self.offset,
+                        key: self.key,
+                        raw_value: Some(raw_value),
+                        headers: self.headers,
+                        reason,
+                    }),
+                ))
+            }
         }
     }
 }

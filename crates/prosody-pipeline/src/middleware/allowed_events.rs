@@ -41,7 +41,7 @@ impl<S: Service> AllowedEvents<S> {
         if self.prefixes.is_empty() {
             return true;
         }
-        match message.payload.get("type").and_then(Value::as_str) {
+        match message.payload.event_type() {
             Some(kind) => self
                 .prefixes
                 .iter()

@@ -172,18 +172,13 @@ impl RecentSet {
     }
 }
 
-/// The payload's `id` as text: a string as it is, a number in its JSON form; anything else
-/// (absent, null, object) means the message is not deduplicated.
-fn payload_id(event: &Event) -> Option<(&prosody_api::Message, String)> {
+/// The message and its payload's `id` as text (a string as it is, a number in its JSON form);
+/// `None` (not deduplicated) for other events and for an absent, null or structured `id`.
+fn payload_id(event: &Event) -> Option<(&prosody_api::Message, &str)> {
     let Event::Message(message) = event else {
         return None;
     };
-    let id = match message.payload.get("id")? {
-        Value::String(id) => id.clone(),
-        Value::Number(id) => id.to_string(),
-        _ => return None,
-    };
-    Some((message, id))
+    Some((message, message.payload.id()?))
 }
 
 impl<S: Service> Service for Dedup<S> {
@@ -191,7 +186,7 @@ impl<S: Service> Service for Dedup<S> {
         let Some((message, id)) = payload_id(&task.event) else {
             return self.inner.call(task).await;
         };
-        let record = DedupRecord::new(message.key.clone(), id, self.version.clone());
+        let record = DedupRecord::new(message.key.clone(), id.to_owned(), self.version.clone());
         let (cache_key, seen) = self
             .cache
             .lookup(&message.topic, message.partition, &record);

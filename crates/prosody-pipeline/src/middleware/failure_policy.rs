@@ -212,9 +212,8 @@ fn is_size_refusal(code: RDKafkaErrorCode) -> bool {
 /// The value bytes to forward.
 fn value(event: &Event) -> Option<Vec<u8>> {
     match event {
-        // Re-encoded: the decoder keeps the parsed value, and equal JSON is what a reader of
-        // the failure topic needs.
-        Event::Message(message) => serde_json::to_vec(&message.payload).ok(),
+        // The bytes as they arrived (the payload keeps its text).
+        Event::Message(message) => Some(message.payload.json().as_bytes().to_vec()),
         Event::Excise(_) | Event::Timer(_) => None,
         // An oversized value was not kept (the failure topic would refuse it too): an empty
         // value, not a null one, so the record does not read as an excise.

@@ -344,7 +344,7 @@ pub(crate) mod testing {
             offset: Offset(7),
             timestamp: Timestamp::from_millis(0),
             key: Key::from(key),
-            payload,
+            payload: payload.into(),
             headers,
         })
     }

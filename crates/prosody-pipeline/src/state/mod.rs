@@ -612,7 +612,7 @@ mod tests {
                 offset: Offset(5),
                 timestamp: prosody_api::Timestamp::from_millis(0),
                 key: Key::from("k"),
-                payload: json!({}),
+                payload: json!({}).into(),
                 headers: prosody_api::Headers::new(),
             })
             .await

@@ -17,7 +17,7 @@
 //! `type` (the `allowedEvents` filter), so reading them does not parse the tree either.
 
 use std::fmt;
-use std::ops::{Deref, Range};
+use std::ops::Deref;
 use std::sync::OnceLock;
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -30,7 +30,9 @@ use serde_json::{Number, Value};
 pub struct Payload {
     text: Box<str>,
     fields: KnownFields,
-    value: OnceLock<Value>,
+    // Boxed: a message is moved several times on its way to the handler, and most are never
+    // parsed, so the tree's slot is kept to a pointer.
+    value: OnceLock<Box<Value>>,
 }
 
 /// The top-level fields Prosody reads from a payload, noted while the text is checked.
@@ -44,14 +46,14 @@ struct KnownFields {
 /// usual case, which costs no allocation) or a copy (an unescaped string, a number's JSON form).
 #[derive(Clone, Debug)]
 enum FieldText {
-    Within(Range<usize>),
+    Within { start: u32, end: u32 },
     Copied(Box<str>),
 }
 
 impl FieldText {
     fn resolve<'a>(&'a self, text: &'a str) -> Option<&'a str> {
         match self {
-            Self::Within(span) => text.get(span.clone()),
+            Self::Within { start, end } => text.get(*start as usize..*end as usize),
             Self::Copied(copy) => Some(copy),
         }
     }
@@ -142,20 +144,16 @@ impl Payload {
     /// The payload parsed into a [`Value`], parsed on the first call and kept.
     #[must_use]
     pub fn value(&self) -> &Value {
-        self.value.get_or_init(|| {
-            // The text passed `Checked`, which drives the deserializer exactly as building a
-            // `Value` does, so this parse cannot fail; `Null` is only there so a broken
-            // invariant cannot panic a consumer (the unit tests hold the two in step).
-            serde_json::from_str(&self.text).unwrap_or(Value::Null)
-        })
+        self.value
+            .get_or_init(|| Box::new(parse_checked(&self.text)))
     }
 
     /// The parsed [`Value`], taken out of the payload.
     #[must_use]
     pub fn into_value(self) -> Value {
         match self.value.into_inner() {
-            Some(value) => value,
-            None => serde_json::from_str(&self.text).unwrap_or(Value::Null),
+            Some(value) => *value,
+            None => parse_checked(&self.text),
         }
     }
 
@@ -191,7 +189,7 @@ impl From<Value> for Payload {
         Self {
             text: value.to_string().into_boxed_str(),
             fields,
-            value: OnceLock::from(value),
+            value: OnceLock::from(Box::new(value)),
         }
     }
 }
@@ -262,6 +260,13 @@ macro_rules! scalar_visits {
     };
 }
 
+/// Parses text that passed [`check`], which drives the deserializer exactly as building a
+/// `Value` does, so this parse cannot fail; `Null` is only there so a broken invariant cannot
+/// panic a consumer (the unit tests hold the two in step).
+fn parse_checked(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
+}
+
 /// Checks that `text` is one JSON document and notes the known fields of its top level.
 fn check(text: &str) -> serde_json::Result<KnownFields> {
     let mut deserializer = serde_json::Deserializer::from_str(text);
@@ -288,10 +293,13 @@ impl Input {
 
     fn locate(self, part: &str) -> FieldText {
         let offset = (part.as_ptr() as usize).wrapping_sub(self.start);
-        if offset <= self.len && part.len() <= self.len - offset {
-            FieldText::Within(offset..offset + part.len())
-        } else {
-            FieldText::Copied(part.into())
+        let inside = offset <= self.len && part.len() <= self.len - offset;
+        match (
+            u32::try_from(offset),
+            u32::try_from(offset.saturating_add(part.len())),
+        ) {
+            (Ok(start), Ok(end)) if inside => FieldText::Within { start, end },
+            _ => FieldText::Copied(part.into()),
         }
     }
 }
@@ -593,7 +601,7 @@ mod tests {
         );
         let plain = Payload::from_json(r#"{"id":"o-1","type":"t"}"#).expect("json");
         assert!(
-            matches!(plain.fields.id, Some(FieldText::Within(_))),
+            matches!(plain.fields.id, Some(FieldText::Within { .. })),
             "a plain string is a span of the text, not a copy: {:?}",
             plain.fields
         );
@@ -618,6 +626,12 @@ mod tests {
         assert_eq!(payload, json!({"type": "x", "n": [1, 2]}));
         assert_eq!(payload, Payload::from(json!({"n": [1, 2], "type": "x"})));
         assert_eq!(payload.to_string(), text);
+    }
+
+    #[test]
+    fn a_payload_stays_small_to_move() {
+        // A message is moved several times between the poll thread and its handler.
+        assert!(size_of::<Payload>() <= 80, "{} bytes", size_of::<Payload>());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use prosody_api::Payload;
 use prosody_api::storage::{DeferStore, PublishedStateView, StateStore, TimerStore, Ttl};
 use prosody_api::{EventHandler, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
@@ -28,7 +29,6 @@ use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
 use prosody_pipeline::state::{Collection, CollectionDefinition, StateRuntime, definition};
 use prosody_pipeline::telemetry::{self, TelemetrySink, TraceInjector};
 use prosody_pipeline::timers::{QueueStats, TimerSettings, Timers};
-use serde_json::Value;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OnceCell};
 use tokio_util::sync::CancellationToken;
@@ -274,7 +274,7 @@ impl ProsodyClient {
         &self,
         topic: &str,
         key: &str,
-        payload: &Value,
+        payload: impl Into<Payload>,
     ) -> Result<Delivery, ClientError> {
         self.send_with(topic, key, payload, SendOptions::default())
             .await
@@ -289,7 +289,7 @@ impl ProsodyClient {
         &self,
         topic: &str,
         key: &str,
-        payload: &Value,
+        payload: impl Into<Payload>,
         options: SendOptions,
     ) -> Result<Delivery, ClientError> {
         self.ensure_open()?;

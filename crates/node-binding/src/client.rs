@@ -12,7 +12,7 @@ use napi::Env;
 use napi::bindgen_prelude::{AsyncBlock, AsyncBlockBuilder, Function};
 use napi_derive::napi;
 use parking_lot::Mutex;
-use prosody::api::ErrorClass;
+use prosody::api::{ErrorClass, Payload};
 use prosody::{ClientOptions, Config, ConsumerState, ProsodyClient, SendOptions};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -113,7 +113,8 @@ impl NativeClient {
         let client = self.client.clone();
         let cancel = cancel.map(CancelToken::token);
         AsyncBlockBuilder::new(async move {
-            let payload: Value = serde_json::from_str(&payload).map_err(|error| {
+            // Checked, not parsed: the producer sends the text as it came from JavaScript.
+            let payload = Payload::from_json(payload).map_err(|error| {
                 with_class(
                     ErrorKind::Producer,
                     ErrorClass::Permanent,
@@ -126,7 +127,7 @@ impl NativeClient {
             };
             cancellable("send", cancel, async {
                 client
-                    .send_with(&topic, &key, &payload, options)
+                    .send_with(&topic, &key, payload, options)
                     .await
                     .map(drop)
                     .map_err(|error| client_error(&error))

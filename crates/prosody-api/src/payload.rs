@@ -175,7 +175,29 @@ impl Payload {
 impl From<Value> for Payload {
     /// A payload holding `value`, with its compact JSON text.
     fn from(value: Value) -> Self {
-        let fields = KnownFields {
+        Self {
+            text: value.to_string().into_boxed_str(),
+            fields: KnownFields::of(&value),
+            value: OnceLock::from(Box::new(value)),
+        }
+    }
+}
+
+impl From<&Value> for Payload {
+    /// A payload with `value`'s compact JSON text, without copying the tree (it is parsed
+    /// again only if read): what a producer needs to send it.
+    fn from(value: &Value) -> Self {
+        Self {
+            text: value.to_string().into_boxed_str(),
+            fields: KnownFields::of(value),
+            value: OnceLock::new(),
+        }
+    }
+}
+
+impl KnownFields {
+    fn of(value: &Value) -> Self {
+        Self {
             id: match value.get("id") {
                 Some(Value::String(id)) => Some(FieldText::Copied(id.as_str().into())),
                 Some(Value::Number(id)) => Some(FieldText::Copied(id.to_string().into())),
@@ -185,11 +207,6 @@ impl From<Value> for Payload {
                 .get("type")
                 .and_then(Value::as_str)
                 .map(|event_type| FieldText::Copied(event_type.into())),
-        };
-        Self {
-            text: value.to_string().into_boxed_str(),
-            fields,
-            value: OnceLock::from(Box::new(value)),
         }
     }
 }
@@ -653,5 +670,11 @@ mod tests {
         assert_eq!(payload.json(), r#"{"id":7,"type":"t"}"#);
         assert_eq!((payload.id(), payload.event_type()), (Some("7"), Some("t")));
         assert_eq!(payload.into_value(), json!({"id": 7, "type": "t"}));
+        let borrowed = json!({"id": "b", "type": "t", "n": [1]});
+        let sent = Payload::from(&borrowed);
+        assert_eq!(sent.json(), r#"{"id":"b","n":[1],"type":"t"}"#);
+        assert_eq!((sent.id(), sent.event_type()), (Some("b"), Some("t")));
+        assert!(sent.value.get().is_none(), "the tree is not copied");
+        assert_eq!(sent, borrowed);
     }
 }

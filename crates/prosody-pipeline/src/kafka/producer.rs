@@ -9,12 +9,12 @@ use std::future::pending;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prosody_api::Payload;
 use prosody_api::{Offset, Partition};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub use self::error::ProducerError;
@@ -183,7 +183,7 @@ impl Producer {
         &self,
         topic: &str,
         key: &str,
-        payload: &Value,
+        payload: impl Into<Payload>,
     ) -> Result<Delivery, ProducerError> {
         self.send_with(topic, key, payload, SendOptions::default())
             .await
@@ -197,15 +197,12 @@ impl Producer {
         &self,
         topic: &str,
         key: &str,
-        payload: &Value,
+        payload: impl Into<Payload>,
         options: SendOptions,
     ) -> Result<Delivery, ProducerError> {
-        let bytes = serde_json::to_vec(payload).map_err(|source| ProducerError::Serialize {
-            topic: topic.to_owned(),
-            key: key.to_owned(),
-            source,
-        })?;
-        self.produce(topic, key, Some(&bytes), options).await
+        let payload = payload.into();
+        self.produce(topic, key, Some(payload.json().as_bytes()), options)
+            .await
     }
 
     /// Produces an excise record: `key` with a null value (a Kafka tombstone), which consumers

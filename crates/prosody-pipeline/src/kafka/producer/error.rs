@@ -17,17 +17,6 @@ pub enum ProducerError {
         #[source]
         source: Box<KafkaError>,
     },
-    /// The payload could not be encoded as JSON.
-    #[error("cannot encode payload for topic {topic:?}, key {key:?} as JSON: {source}")]
-    Serialize {
-        /// Destination topic.
-        topic: String,
-        /// Record key.
-        key: String,
-        /// serde's reason.
-        #[source]
-        source: serde_json::Error,
-    },
     /// Prosody requires a non-empty key for per-key ordering; consumers reject empty keys.
     #[error("cannot send to topic {topic:?}: the key is empty")]
     EmptyKey {
@@ -72,9 +61,7 @@ impl ClassifyError for ProducerError {
     fn error_class(&self) -> ErrorClass {
         match self {
             Self::TimedOut { .. } | Self::Cancelled { .. } => ErrorClass::Transient,
-            Self::Create { .. } | Self::Serialize { .. } | Self::EmptyKey { .. } => {
-                ErrorClass::Permanent
-            }
+            Self::Create { .. } | Self::EmptyKey { .. } => ErrorClass::Permanent,
             Self::Kafka { source, .. } => class_of_kafka_error(source),
         }
     }
@@ -134,11 +121,5 @@ mod tests {
             timeout_ms: 1,
         };
         assert!(!timed_out.is_permanent());
-        let serialize = ProducerError::Serialize {
-            topic: String::new(),
-            key: String::new(),
-            source: serde_json::from_str::<serde_json::Value>("{").unwrap_err(),
-        };
-        assert!(serialize.is_permanent());
     }
 }

@@ -175,10 +175,10 @@ impl Payload {
 impl From<Value> for Payload {
     /// A payload holding `value`, with its compact JSON text.
     fn from(value: Value) -> Self {
+        let payload = Self::from(&value);
         Self {
-            text: value.to_string().into_boxed_str(),
-            fields: KnownFields::of(&value),
             value: OnceLock::from(Box::new(value)),
+            ..payload
         }
     }
 }

@@ -117,8 +117,9 @@ impl Captured {
     /// [`Event::Rejected`] carrying the raw bytes, so the failure policy can forward them.
     #[must_use]
     pub fn into_routable(self) -> Event {
-        self.parse()
-            .unwrap_or_else(|(_, rejected)| Event::Rejected(rejected))
+        self.parse().unwrap_or_else(|(error, record)| {
+            Event::Rejected(Box::new(record.into_rejected(error.to_string())))
+        })
     }
 
     /// Checks the value: a null value is an excise record, anything else must be JSON (kept
@@ -130,10 +131,9 @@ impl Captured {
         self.parse().map_err(|(error, _)| error)
     }
 
-    /// [`into_event`](Self::into_event), with a rejected record's raw parts kept beside the
-    /// error.
-    fn parse(self) -> Result<Event, (DecodeError, Box<RejectedRecord>)> {
-        let Some(value) = self.value else {
+    /// [`into_event`](Self::into_event), with a rejected record given back beside the error.
+    fn parse(mut self) -> Result<Event, (DecodeError, Box<Self>)> {
+        let Some(value) = self.value.take() else {
             return Ok(Event::Excise(ExciseMessage {
                 topic: self.topic,
                 partition: self.partition,
@@ -154,28 +154,30 @@ impl Captured {
                 headers: self.headers,
             })),
             Err(invalid) => {
-                let (error, raw_value) = invalid.into_parts();
+                let (error, bytes) = invalid.into_parts();
+                self.value = Some(bytes);
                 let error = DecodeError {
                     topic: self.topic.clone(),
                     partition: self.partition,
                     offset: self.offset,
                     problem: DecodeProblem::NotJson(error),
                 };
-                let reason = error.to_string();
-                Err((
-                    error,
-                    Box::new(RejectedRecord {
-                        raw_key: Some(self.key.as_str().as_bytes().to_vec()),
-                        topic: self.topic,
-                        partition: self.partition,
-                        offset: self.offset,
-                        key: self.key,
-                        raw_value: Some(raw_value),
-                        headers: self.headers,
-                        reason,
-                    }),
-                ))
+                Err((error, Box::new(self)))
             }
+        }
+    }
+
+    /// The record as a [`RejectedRecord`] with its raw key and value, rejected for `reason`.
+    fn into_rejected(self, reason: String) -> RejectedRecord {
+        RejectedRecord {
+            raw_key: Some(self.key.as_str().as_bytes().to_vec()),
+            topic: self.topic,
+            partition: self.partition,
+            offset: self.offset,
+            key: self.key,
+            raw_value: self.value,
+            headers: self.headers,
+            reason,
         }
     }
 }

@@ -23,43 +23,72 @@ async fn client(options: ClientOptions) -> ProsodyClient {
     ProsodyClient::from_options(options).await.expect("client")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_key_order_with_bounded_concurrency_across_keys() {
-    const RECORDS: usize = 20_000;
-    const KEYS: usize = 200;
-    const MAX_CONCURRENCY: usize = 32;
-    let topic = common::unique_name("ordering");
-    harness::create_topic(&topic, 4).await;
-    let client = client(ClientOptions {
-        max_concurrency: Some(MAX_CONCURRENCY),
-        ..harness::options(&topic, &common::unique_name("ordering_group"))
-    })
-    .await;
-    harness::produce(&client, &topic, RECORDS, KEYS).await;
-
+/// Produces `records` over `keys` to a fresh topic of `partitions`, consumes them all with a
+/// client of the test options as `configure` changes them, whose handlers sleep up to
+/// `max_sleep_ms`, and shuts the client down.
+async fn consume_all(
+    name: &str,
+    partitions: i32,
+    configure: impl FnOnce(ClientOptions) -> ClientOptions,
+    (records, keys): (usize, usize),
+    max_sleep_ms: u64,
+    within: Duration,
+) -> Arc<Recorder> {
+    let topic = common::unique_name(name);
+    harness::create_topic(&topic, partitions).await;
+    let group = common::unique_name(&format!("{name}_group"));
+    let client = client(configure(harness::options(&topic, &group))).await;
+    harness::produce(&client, &topic, records, keys).await;
     let recorder = Recorder::new();
     client
         .subscribe(recorder.handler(
             "a",
             Behaviour {
-                max_sleep_ms: 5,
+                max_sleep_ms,
                 gate: None,
             },
         ))
         .await
         .expect("subscribe");
-    recorder.wait_for(RECORDS, Duration::from_secs(180)).await;
+    recorder.wait_for(records, within).await;
     client.shutdown().await.expect("shutdown");
+    recorder
+}
 
+/// Every key's records were handled exactly once, in the order they were produced.
+fn assert_each_key_in_produce_order(recorder: &Recorder, records: usize, keys: usize) {
     let by_key = recorder.by_key();
-    assert_eq!(by_key.len(), KEYS);
+    assert_eq!(by_key.len(), keys);
     for (key, events) in &by_key {
         let seqs: Vec<u64> = events.iter().filter_map(|event| event.seq).collect();
-        let expected: Vec<u64> = (0..u64::try_from(RECORDS / KEYS).unwrap()).collect();
+        let expected: Vec<u64> = (0..u64::try_from(records / keys).unwrap()).collect();
         assert_eq!(
             seqs, expected,
             "{key}: handled out of produce order or not exactly once"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_order_with_bounded_concurrency_across_keys() {
+    const RECORDS: usize = 20_000;
+    const KEYS: usize = 200;
+    const MAX_CONCURRENCY: usize = 32;
+    let recorder = consume_all(
+        "ordering",
+        4,
+        |options| ClientOptions {
+            max_concurrency: Some(MAX_CONCURRENCY),
+            ..options
+        },
+        (RECORDS, KEYS),
+        5,
+        Duration::from_secs(180),
+    )
+    .await;
+    let by_key = recorder.by_key();
+    assert_each_key_in_produce_order(&recorder, RECORDS, KEYS);
+    for (key, events) in &by_key {
         assert!(
             events
                 .windows(2)
@@ -156,6 +185,33 @@ async fn backlog_bounds_pause_and_resume() {
     .unwrap_or_else(|_| panic!("drained and resumed: {:?}", client.load()));
     assert!(recorder.peak() <= MAX_CONCURRENCY);
     client.shutdown().await.expect("shutdown");
+}
+
+/// Partition readers run when librdkafka signals a non-empty queue and when a full partition
+/// resumes; the poll thread's periodic signal is only a backstop. With that period at an hour,
+/// every record still arrives through pause and resume cycles on several partitions, so no
+/// read depends on the backstop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_readers_follow_signals_not_the_poll_interval() {
+    const RECORDS: usize = 1_000;
+    const KEYS: usize = 50;
+    let recorder = consume_all(
+        "readers",
+        4,
+        |options| ClientOptions {
+            max_concurrency: Some(3),
+            max_uncommitted: Some(4),
+            poll_interval_ms: Some(Duration::from_secs(3600)),
+            ..options
+        },
+        (RECORDS, KEYS),
+        // Handlers that take a moment, so a reader finds its partition full and stops
+        // (instant ones free room before the reader looks again).
+        2,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_each_key_in_produce_order(&recorder, RECORDS, KEYS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -309,6 +309,13 @@ impl Engine {
         if start.is_empty() {
             return;
         }
+        if Handle::try_current().is_ok() {
+            // A partition reader on a worker: the runners go to this worker's local queue.
+            for key in start {
+                self.spawn_runner(slot.clone(), key);
+            }
+            return;
+        }
         let engine = self.clone();
         // One task from this (non-runtime) thread; it spawns the runners on the runtime's local
         // queue, which needs no cross-thread wakeup per runner.

@@ -4,6 +4,7 @@ pub mod admission;
 pub mod engine;
 pub mod offsets;
 pub mod partition;
+pub mod partition_reader;
 pub mod poll_loop;
 pub mod topic_partition;
 pub mod wakeup;

@@ -29,6 +29,12 @@ use super::offsets::OffsetTracker;
 use super::work::Keyed;
 use crate::hashing::KeyMap;
 
+/// Emptied key queues kept for keys that become active later (see `PartitionWork::spare`).
+const SPARE_QUEUES: usize = 64;
+
+/// A spare queue that grew past this (a key that had a long backlog) is freed instead of kept.
+const SPARE_QUEUE_CAPACITY: usize = 8;
+
 /// What happened to an offered event.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Offer {
@@ -88,6 +94,9 @@ pub struct PartitionWork<T> {
     max_backlog: usize,
     tracker: OffsetTracker,
     keys: KeyMap<Key, VecDeque<T>>,
+    /// Queues of keys that became idle, reused for keys that become active: most keys hold one
+    /// event at a time, so a fresh queue per key cost an allocation and a free per record.
+    spare: Vec<VecDeque<T>>,
     /// Active keys without a runner, in the order they are served.
     ready: VecDeque<Key>,
     /// Runners serving this assignment.
@@ -119,6 +128,7 @@ impl<T: Keyed> PartitionWork<T> {
             max_backlog: max_backlog.max(1),
             tracker: OffsetTracker::new(),
             keys: KeyMap::default(),
+            spare: Vec::new(),
             ready: VecDeque::new(),
             runners: 0,
             max_runners: max_runners.max(1),
@@ -199,7 +209,9 @@ impl<T: Keyed> PartitionWork<T> {
             }
             Entry::Vacant(slot) => {
                 let key = slot.key().clone();
-                slot.insert(VecDeque::from([event]));
+                let mut queue = self.spare.pop().unwrap_or_default();
+                queue.push_back(event);
+                slot.insert(queue);
                 if self.runners < self.max_runners {
                     self.runners += 1;
                     Offer::StartRunner(key)
@@ -240,8 +252,12 @@ impl<T: Keyed> PartitionWork<T> {
             return Next::Stop;
         }
         let more = self.keys.get(key).is_some_and(|queue| !queue.is_empty());
-        if !more {
-            self.keys.remove(key);
+        if !more
+            && let Some(queue) = self.keys.remove(key)
+            && self.spare.len() < SPARE_QUEUES
+            && queue.capacity() <= SPARE_QUEUE_CAPACITY
+        {
+            self.spare.push(queue);
         }
         match self.ready.pop_front() {
             Some(next) => {

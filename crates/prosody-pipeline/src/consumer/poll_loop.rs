@@ -5,12 +5,14 @@
 //! callback inside `poll`, and that callback must block until the revoked partitions' handlers
 //! finish and their offsets are committed, before the partitions are released.
 //!
-//! Every assigned partition gets its own librdkafka queue (`split_partition_queue`). A
-//! partition whose backlog is full is paused *here*, by no longer reading its queue: librdkafka
-//! stops fetching once that queue holds `queued.max.messages.kbytes`, and resumes where it
-//! stopped. Pausing through librdkafka's pause API instead would discard the prefetched
-//! records on every pause and fetch them again on resume, which under steady backpressure
-//! costs a broker round trip per few dozen records.
+//! Every assigned partition gets its own librdkafka queue (`split_partition_queue`), read by a
+//! [`PartitionReader`] on the async runtime, so partitions are read in parallel; the poll
+//! thread itself serves only the main queue (rebalances, errors, and records fetched before a
+//! queue was split) and commits. A partition whose backlog is full is paused by no longer
+//! reading its queue: librdkafka stops fetching once that queue holds
+//! `queued.max.messages.kbytes`, and resumes where it stopped. Pausing through librdkafka's
+//! pause API instead would discard the prefetched records on every pause and fetch them again
+//! on resume, which under steady backpressure costs a broker round trip per few dozen records.
 //!
 //! Stopping comes in two kinds. [`PollLoop::stop`] drains: running handlers finish (within the
 //! engine's shutdown timeout) and their offsets commit. Dropping the loop without stopping it
@@ -27,7 +29,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use prosody_api::Offset;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::BorrowedMessage;
@@ -36,15 +37,11 @@ use tokio::runtime::Handle;
 use tracing::{debug, error, info, warn};
 
 use super::engine::{Engine, FlowControl};
+use super::partition_reader::PartitionReader;
 use super::topic_partition::TopicPartition;
 use super::wakeup::Wakeup;
-use super::work::Work;
 use crate::event::Event;
-use crate::kafka::decode::{DecodeLimits, capture, decode, reject};
-
-/// Records read from one partition queue before moving to the next, so one busy partition
-/// cannot starve the others within an iteration.
-const BATCH_PER_PARTITION: usize = 256;
+use crate::kafka::decode::{DecodeLimits, decode, reject};
 
 /// librdkafka's prefetch bound per partition queue, in KiB (`queued.max.messages.kbytes`).
 const PREFETCH_KBYTES_PER_PARTITION: &str = "4096";
@@ -116,20 +113,73 @@ pub struct PollSettings {
 }
 
 type KafkaConsumer = BaseConsumer<RebalanceContext>;
-type Queue = PartitionQueue<RebalanceContext>;
+type Reader = PartitionReader<RebalanceContext>;
 
-/// Routes librdkafka's rebalance callbacks to the engine and keeps the per-partition queues.
+/// The readers of the assigned partitions. Each holds its partition's queue, which holds a
+/// strong reference to the consumer, so they are closed on revocation and before the consumer
+/// is dropped.
+#[derive(Default)]
+struct Readers {
+    assigned: Mutex<HashMap<TopicPartition, Arc<Reader>>>,
+    /// Readers of a new assignment, activated by the poll thread once it has offered what the
+    /// main queue held (see [`PartitionReader`]).
+    inactive: Mutex<Vec<Arc<Reader>>>,
+}
+
+impl Readers {
+    fn signal(&self, partition: &TopicPartition) {
+        let reader = self.assigned.lock().get(partition).cloned();
+        if let Some(reader) = reader {
+            reader.signal();
+        }
+    }
+
+    fn signal_all(&self) {
+        let readers: Vec<Arc<Reader>> = self.assigned.lock().values().cloned().collect();
+        for reader in readers {
+            reader.signal();
+        }
+    }
+
+    fn activate_new(&self) {
+        let inactive = std::mem::take(&mut *self.inactive.lock());
+        for reader in inactive {
+            reader.activate();
+        }
+    }
+
+    /// Closes the readers of `partitions` (all when `None`), waiting for reads in progress.
+    fn close(&self, partitions: Option<&[TopicPartition]>) {
+        let closed: Vec<Arc<Reader>> = {
+            let mut assigned = self.assigned.lock();
+            match partitions {
+                Some(partitions) => partitions
+                    .iter()
+                    .filter_map(|partition| assigned.remove(partition))
+                    .collect(),
+                None => assigned.drain().map(|(_, reader)| reader).collect(),
+            }
+        };
+        self.inactive
+            .lock()
+            .retain(|reader| !closed.iter().any(|closed| Arc::ptr_eq(closed, reader)));
+        for reader in closed {
+            reader.close();
+        }
+    }
+}
+
+/// Routes librdkafka's rebalance callbacks to the engine and keeps the partition readers.
 struct RebalanceContext {
     engine: Engine,
     runtime: Handle,
     requests: Arc<Requests>,
     wakeup: Arc<Wakeup>,
+    decode: DecodeLimits,
     /// The consumer itself, to split partition queues from inside the callback. Weak: the
     /// consumer owns this context.
     consumer: OnceLock<Weak<KafkaConsumer>>,
-    /// Queues of assigned partitions. Each holds a strong reference to the consumer, so they
-    /// are removed on revocation and cleared before the consumer is dropped.
-    queues: Mutex<HashMap<TopicPartition, Arc<Queue>>>,
+    readers: Arc<Readers>,
 }
 
 impl ClientContext for RebalanceContext {}
@@ -139,6 +189,8 @@ impl ConsumerContext for RebalanceContext {
         match rebalance {
             Rebalance::Revoke(list) => {
                 let partitions = partitions_of(list);
+                // First, so nothing more of these partitions is offered while they drain.
+                self.readers.close(Some(&partitions));
                 if self.requests.get() == Request::Abandon {
                     // Closing an abandoned consumer: the runtime may be gone, so no draining.
                     info!(
@@ -155,10 +207,6 @@ impl ConsumerContext for RebalanceContext {
                     let offsets = self.runtime.block_on(self.engine.revoke(&partitions));
                     commit(consumer, &offsets, CommitMode::Sync);
                 }
-                let mut queues = self.queues.lock();
-                for partition in &partitions {
-                    queues.remove(partition);
-                }
             }
             Rebalance::Assign(_) => {}
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
@@ -171,41 +219,55 @@ impl ConsumerContext for RebalanceContext {
         };
         let partitions = partitions_of(list);
         info!(?partitions, "partitions assigned");
+        self.engine.assign(partitions.iter().cloned());
         // Split after the assignment: assigning resets queue forwarding. Fetching starts
         // asynchronously, so records reach the split queues; any that reached the main queue
-        // first are drained before the split queues on the next iteration, keeping order.
+        // first are offered by the poll thread before it activates the readers, keeping order.
         if let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) {
-            let mut queues = self.queues.lock();
-            for partition in &partitions {
+            for partition in partitions {
                 let split =
                     consumer.split_partition_queue(partition.topic.as_str(), partition.partition.0);
-                if let Some(mut queue) = split {
-                    let wakeup = self.wakeup.clone();
-                    queue.set_nonempty_callback(move || wakeup.notify());
-                    queues.insert(partition.clone(), Arc::new(queue));
-                } else {
+                let Some(queue) = split else {
                     warn!(%partition, "no queue for an assigned partition");
+                    continue;
+                };
+                let reader = Reader::new(
+                    partition.clone(),
+                    self.engine.clone(),
+                    self.decode.clone(),
+                    self.runtime.clone(),
+                );
+                reader.attach(queue);
+                self.readers.inactive.lock().push(reader.clone());
+                let replaced = self.readers.assigned.lock().insert(partition, reader);
+                if let Some(replaced) = replaced {
+                    replaced.close();
                 }
             }
         }
-        self.engine.assign(partitions);
         self.wakeup.notify();
     }
 }
 
-/// Pausing needs no call into librdkafka: the poll loop reads only what a partition has
-/// [room](Engine::room) for (see the module docs). Resuming must wake the poll thread, which
-/// may be asleep because every partition was full.
-#[derive(Debug, Default)]
+/// Pausing needs no call into librdkafka: a partition's reader reads only what the partition
+/// has [room](Engine::room) for (see the module docs). Resuming signals the reader, which
+/// stopped when the partition was full.
+#[derive(Default)]
 pub struct QueueFlowControl {
-    wakeup: Arc<Wakeup>,
+    readers: Arc<Readers>,
+}
+
+impl std::fmt::Debug for QueueFlowControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueFlowControl").finish_non_exhaustive()
+    }
 }
 
 impl FlowControl for QueueFlowControl {
     fn pause(&self, _: &TopicPartition) {}
 
-    fn resume(&self, _: &TopicPartition) {
-        self.wakeup.notify();
+    fn resume(&self, partition: &TopicPartition) {
+        self.readers.signal(partition);
     }
 }
 
@@ -247,15 +309,16 @@ impl PollLoop {
         for (name, value) in &settings.overrides {
             config.set(name, value);
         }
-        let wakeup = flow.wakeup.clone();
+        let wakeup = Arc::new(Wakeup::default());
         let requests = Arc::new(Requests::default());
         let context = RebalanceContext {
             engine: engine.clone(),
             runtime,
             requests: requests.clone(),
             wakeup: wakeup.clone(),
+            decode: settings.decode.clone(),
             consumer: OnceLock::new(),
-            queues: Mutex::new(HashMap::new()),
+            readers: flow.readers.clone(),
         };
         let mut consumer: KafkaConsumer = config.create_with_context(context)?;
         consumer.set_nonempty_callback({
@@ -322,35 +385,32 @@ fn poll_until_stopped(
     let mut last_commit = Instant::now();
     while requests.get() == Request::Poll {
         // The main queue serves rebalances and errors, and holds records fetched before their
-        // partition's queue was split; those come first to keep each partition in order.
-        let mut received = drain_main_queue(consumer, engine, &settings.decode);
-        let queues: Vec<(TopicPartition, Arc<Queue>)> = context
-            .queues
-            .lock()
-            .iter()
-            .map(|(partition, queue)| (partition.clone(), queue.clone()))
-            .collect();
-        for (partition, queue) in &queues {
-            received += read_partition(engine, partition, queue, &settings.decode);
-        }
+        // partition's queue was split; those come first to keep each partition in order, so
+        // a new assignment's readers start only after it is drained.
+        let received = drain_main_queue(consumer, engine, &settings.decode);
+        context.readers.activate_new();
         if last_commit.elapsed() >= settings.commit_interval {
             commit_changed(consumer, engine, &mut committed);
             last_commit = Instant::now();
         }
-        if received == 0 {
-            context.wakeup.wait(settings.poll_interval);
+        if received == 0 && !context.wakeup.wait(settings.poll_interval) {
+            // A quiet poll interval. Readers are signalled by librdkafka and by resumes; this
+            // bounds the delay should a signal ever be missed (a read with nothing to read
+            // costs one task).
+            context.readers.signal_all();
         }
     }
+    // No record is offered after this: what was offered drains below.
+    context.readers.close(None);
     let partitions = engine.assigned();
     let offsets = match requests.get() {
         Request::Abandon => done_offsets(engine, &partitions),
         _ => context.runtime.block_on(engine.revoke(&partitions)),
     };
     commit(consumer, &offsets, CommitMode::Sync);
-    // Partition queues hold the consumer: release them so it can close when dropped. Leaving
-    // the group happens then: librdkafka's close runs the revoke callback once more, which
-    // finds nothing left to drain.
-    context.queues.lock().clear();
+    // The readers released the partition queues, which hold the consumer, so it closes when
+    // dropped. Leaving the group happens then: librdkafka's close runs the revoke callback once
+    // more, which finds nothing left to drain.
     consumer.unsubscribe();
 }
 
@@ -364,42 +424,6 @@ fn drain_main_queue(consumer: &KafkaConsumer, engine: &Engine, limits: &DecodeLi
             }
             Err(error) => warn!(%error, "consumer error"),
         }
-    }
-    received
-}
-
-/// Reads what the partition has room for and offers it as one batch. A record that cannot be
-/// captured is offered in its place as a rejected event for the failure policy.
-fn read_partition(
-    engine: &Engine,
-    partition: &TopicPartition,
-    queue: &Queue,
-    limits: &DecodeLimits,
-) -> usize {
-    let room = engine.room(partition).min(BATCH_PER_PARTITION);
-    let mut batch = Vec::with_capacity(room);
-    let mut received = 0;
-    while received < room {
-        match queue.poll(Duration::ZERO) {
-            Some(Ok(record)) => {
-                received += 1;
-                match capture(&record, &partition.topic, limits) {
-                    Ok(captured) => batch.push(Work::Record(captured)),
-                    Err(problem) => {
-                        error!(%partition, %problem,
-                            "record rejected: cannot decode; the mode's failure policy routes it");
-                        // Queued in its place so its offset commits only once the policy ran.
-                        let rejected = reject(&record, &problem, limits);
-                        batch.push(Work::Event(Event::Rejected(Box::new(rejected))));
-                    }
-                }
-            }
-            Some(Err(error)) => warn!(%partition, %error, "partition error"),
-            None => break,
-        }
-    }
-    if !batch.is_empty() {
-        engine.offer_batch(partition, batch);
     }
     received
 }

@@ -24,13 +24,13 @@ impl Wakeup {
         self.condvar.notify_one();
     }
 
-    /// Waits until notified or `timeout` passes, then clears the signal.
-    pub fn wait(&self, timeout: Duration) {
+    /// Waits until notified or `timeout` passes, then clears the signal. True when notified.
+    pub fn wait(&self, timeout: Duration) -> bool {
         let mut signalled = self.signalled.lock();
         if !*signalled {
             self.condvar.wait_for(&mut signalled, timeout);
         }
-        *signalled = false;
+        std::mem::take(&mut *signalled)
     }
 }
 
@@ -46,8 +46,12 @@ mod tests {
         let wakeup = Wakeup::default();
         wakeup.notify();
         let started = Instant::now();
-        wakeup.wait(Duration::from_secs(10));
+        assert!(wakeup.wait(Duration::from_secs(10)));
         assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(
+            !wakeup.wait(Duration::from_millis(1)),
+            "the signal was consumed"
+        );
     }
 
     #[test]

@@ -647,7 +647,7 @@ mod tests {
 
     #[test]
     fn a_payload_stays_small_to_move() {
-        // A message is moved several times between the poll thread and its handler.
+        // A message is moved several times between its partition's reader and its handler.
         assert!(size_of::<Payload>() <= 80, "{} bytes", size_of::<Payload>());
     }
 

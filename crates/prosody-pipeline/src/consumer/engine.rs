@@ -506,7 +506,7 @@ impl Engine {
             let offset = event.offset();
             let event = match event {
                 Work::Event(event) => event,
-                // Decoded here, off the poll thread; a value that is not JSON becomes a
+                // Decoded here, by the key's runner; a value that is not JSON becomes a
                 // rejected event so the mode's failure policy routes it before it commits.
                 Work::Record(record) => record.into_routable(),
             };

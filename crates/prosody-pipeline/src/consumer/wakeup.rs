@@ -1,9 +1,9 @@
 //! A level-triggered wakeup for the poll thread.
 //!
-//! The poll thread sleeps when none of its unpaused queues has a record, and must wake as soon
-//! as librdkafka puts something in one of them or the engine un-pauses a partition. librdkafka
-//! signals "queue became non-empty" from its own threads, and the engine resumes from tokio
-//! workers; both set the flag here, so a signal that arrives before the thread waits is not
+//! The poll thread sleeps while the consumer's main queue is empty, and must wake as soon as
+//! librdkafka puts something in it (a rebalance, an error) or the loop is asked to stop.
+//! librdkafka signals "queue became non-empty" from its own threads and stop requests come from
+//! any thread; both set the flag here, so a signal that arrives before the thread waits is not
 //! lost.
 
 use std::time::Duration;

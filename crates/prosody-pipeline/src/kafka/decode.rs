@@ -86,9 +86,9 @@ impl Default for DecodeLimits {
     }
 }
 
-/// A record taken off a partition queue, validated and copied but not yet checked as JSON: the
-/// poll thread only checks what routing needs (the key) and the size limit, so the JSON check
-/// happens on the worker that handles the record, in parallel with others.
+/// A record taken off a partition queue, validated and copied but not yet checked as JSON: its
+/// partition's reader only checks what routing needs (the key) and the size limit, so the JSON
+/// check happens in the runner that handles the record, in parallel with others.
 #[derive(Debug, Clone)]
 pub struct Captured {
     topic: Topic,

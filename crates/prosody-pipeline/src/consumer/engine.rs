@@ -309,25 +309,24 @@ impl Engine {
         if start.is_empty() {
             return;
         }
-        if Handle::try_current().is_ok() {
-            // A partition reader on a worker: the runners go to this worker's local queue.
-            for key in start {
-                self.spawn_runner(slot.clone(), key);
-            }
-            return;
-        }
         let engine = self.clone();
-        // One task from this (non-runtime) thread; it spawns the runners on the runtime's local
-        // queue, which needs no cross-thread wakeup per runner.
-        self.inner.runtime.spawn(async move {
+        let spawn_runners = move || {
             for key in start {
                 engine.spawn_runner(slot.clone(), key);
             }
-        });
+        };
+        // On a worker (a partition reader) the runners go to its local queue at once. From
+        // another thread one task spawns them all on a worker's local queue, which needs no
+        // cross-thread wakeup per runner.
+        if Handle::try_current().is_ok() {
+            spawn_runners();
+        } else {
+            self.inner.runtime.spawn(async move { spawn_runners() });
+        }
     }
 
     /// How many more records `partition` accepts before its backlog is full (0 when paused or
-    /// unassigned): the poll loop reads no more than this from the partition's queue.
+    /// unassigned): the partition's reader reads no more than this from its queue.
     #[must_use]
     pub fn room(&self, partition: &TopicPartition) -> usize {
         self.slot(partition)

@@ -88,16 +88,12 @@ impl<C: ConsumerContext + 'static> PartitionReader<C> {
         *self.queue.lock() = Some(queue);
     }
 
-    /// The partition read.
-    #[must_use]
-    pub fn partition(&self) -> &TopicPartition {
-        &self.partition
-    }
-
-    /// Starts reading: what is queued now and whatever arrives later.
+    /// Starts reading, once: what is queued now and whatever arrives later. Calling it on an
+    /// active reader does nothing.
     pub fn activate(self: &Arc<Self>) {
-        self.active.store(true, Ordering::Release);
-        self.signal();
+        if !self.active.swap(true, Ordering::AcqRel) {
+            self.signal();
+        }
     }
 
     /// There may be something to read: reads unless a read is about to run or is running, in

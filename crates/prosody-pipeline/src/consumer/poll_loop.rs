@@ -121,9 +121,6 @@ type Reader = PartitionReader<RebalanceContext>;
 #[derive(Default)]
 struct Readers {
     assigned: Mutex<HashMap<TopicPartition, Arc<Reader>>>,
-    /// Readers of a new assignment, activated by the poll thread once it has offered what the
-    /// main queue held (see [`PartitionReader`]).
-    inactive: Mutex<Vec<Arc<Reader>>>,
 }
 
 impl Readers {
@@ -134,18 +131,8 @@ impl Readers {
         }
     }
 
-    fn signal_all(&self) {
-        let readers: Vec<Arc<Reader>> = self.assigned.lock().values().cloned().collect();
-        for reader in readers {
-            reader.signal();
-        }
-    }
-
-    fn activate_new(&self) {
-        let inactive = std::mem::take(&mut *self.inactive.lock());
-        for reader in inactive {
-            reader.activate();
-        }
+    fn all(&self) -> Vec<Arc<Reader>> {
+        self.assigned.lock().values().cloned().collect()
     }
 
     /// Closes the readers of `partitions` (all when `None`), waiting for reads in progress.
@@ -160,9 +147,6 @@ impl Readers {
                 None => assigned.drain().map(|(_, reader)| reader).collect(),
             }
         };
-        self.inactive
-            .lock()
-            .retain(|reader| !closed.iter().any(|closed| Arc::ptr_eq(closed, reader)));
         for reader in closed {
             reader.close();
         }
@@ -238,7 +222,6 @@ impl ConsumerContext for RebalanceContext {
                     self.runtime.clone(),
                 );
                 reader.attach(queue);
-                self.readers.inactive.lock().push(reader.clone());
                 let replaced = self.readers.assigned.lock().insert(partition, reader);
                 if let Some(replaced) = replaced {
                     replaced.close();
@@ -388,7 +371,9 @@ fn poll_until_stopped(
         // partition's queue was split; those come first to keep each partition in order, so
         // a new assignment's readers start only after it is drained.
         let received = drain_main_queue(consumer, engine, &settings.decode);
-        context.readers.activate_new();
+        for reader in context.readers.all() {
+            reader.activate();
+        }
         if last_commit.elapsed() >= settings.commit_interval {
             commit_changed(consumer, engine, &mut committed);
             last_commit = Instant::now();
@@ -397,7 +382,9 @@ fn poll_until_stopped(
             // A quiet poll interval. Readers are signalled by librdkafka and by resumes; this
             // bounds the delay should a signal ever be missed (a read with nothing to read
             // costs one task).
-            context.readers.signal_all();
+            for reader in context.readers.all() {
+                reader.signal();
+            }
         }
     }
     // No record is offered after this: what was offered drains below.

@@ -14,7 +14,7 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody_api::digest::DigestMap;
-use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
+use prosody_api::storage::{DedupRecord, DedupStore, LookupCost, PartitionScope, Ttl};
 use prosody_api::{Clock, StorageError};
 
 use crate::sweep::SweepSchedule;
@@ -77,6 +77,10 @@ impl MemoryDedupStore {
 
 #[async_trait]
 impl DedupStore for MemoryDedupStore {
+    fn lookup_cost(&self) -> LookupCost {
+        LookupCost::InProcess
+    }
+
     async fn insert(
         &self,
         scope: &PartitionScope,

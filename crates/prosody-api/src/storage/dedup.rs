@@ -65,12 +65,29 @@ impl DedupRecord {
     }
 }
 
+/// Where a store's answers come from, which decides whether remembering them in front of the
+/// store pays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LookupCost {
+    /// From the process's own memory, as cheap as any cache in front of it would be: such a
+    /// cache only adds a second lookup and a second insert to every message.
+    InProcess,
+    /// From disk or over the network.
+    Io,
+}
+
 /// The durable tier of deduplication: which messages a partition has already handled.
 ///
 /// Records are identified by (scope, key, id, version), all four compared exactly. A record
 /// exists from a successful `insert` until its TTL elapses on the store's clock.
 #[async_trait]
 pub trait DedupStore: Send + Sync + Debug {
+    /// Where the answers come from. A store that does no I/O says [`LookupCost::InProcess`], and
+    /// the pipeline then asks it directly instead of keeping recent answers of its own.
+    fn lookup_cost(&self) -> LookupCost {
+        LookupCost::Io
+    }
+
     /// Records the message as handled for `ttl` from now. Re-inserting an existing record
     /// restarts its TTL (the latest insert wins), which is idempotent for retries.
     async fn insert(

@@ -3,6 +3,9 @@
 //! shared by every partition of the subscription, answers repeats without I/O; the durable
 //! [`DedupStore`] (TTL `idempotenceTtlS`) answers after restarts and partition moves.
 //!
+//! A store that answers from the process's own memory ([`LookupCost::InProcess`]) is asked
+//! directly, without the in-memory tier: remembering its answers would cost as much as asking.
+//!
 //! The in-memory tier is two generations of a set rather than a general cache (moka was
 //! measured at several percent of the consumer's CPU here): every handled record is inserted
 //! once and looked up about once, so recency is the only signal, and a frequency-based
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use prosody_api::digest::{DigestSet, Digester};
-use prosody_api::storage::{DedupRecord, DedupStore, PartitionScope, Ttl};
+use prosody_api::storage::{DedupRecord, DedupStore, LookupCost, PartitionScope, Ttl};
 use prosody_api::{ConsumerGroup, Partition, Topic};
 use serde_json::Value;
 use tracing::{debug, warn};
@@ -39,7 +42,8 @@ type CacheKey = u128;
 /// Skips messages already handled.
 pub struct Dedup<S> {
     store: Arc<dyn DedupStore>,
-    cache: RecentSet,
+    /// The in-memory tier; none in front of a store that is in memory itself.
+    cache: Option<RecentSet>,
     group: ConsumerGroup,
     version: Arc<str>,
     ttl: Ttl,
@@ -65,10 +69,12 @@ impl Layer for DedupLayer {
 
     fn wrap<S: Service>(self, inner: S) -> Dedup<S> {
         // A remembered answer never outlives the durable record it stands for.
-        let cache = RecentSet::new(
-            usize::try_from(self.cache_size).unwrap_or(usize::MAX),
-            self.ttl.as_duration().max(Duration::from_secs(1)),
-        );
+        let cache = (self.store.lookup_cost() == LookupCost::Io).then(|| {
+            RecentSet::new(
+                usize::try_from(self.cache_size).unwrap_or(usize::MAX),
+                self.ttl.as_duration().max(Duration::from_secs(1)),
+            )
+        });
         Dedup {
             store: self.store,
             cache,
@@ -187,21 +193,27 @@ impl<S: Service> Service for Dedup<S> {
             return self.inner.call(task).await;
         };
         let record = DedupRecord::new(message.key.clone(), id.to_owned(), self.version.clone());
-        let (cache_key, seen) = self
-            .cache
-            .lookup(&message.topic, message.partition, &record);
-        if seen {
+        let cached = self.cache.as_ref().map(|cache| {
+            let (cache_key, seen) = cache.lookup(&message.topic, message.partition, &record);
+            (cache, cache_key, seen)
+        });
+        if let Some((_, _, true)) = cached {
             debug!(key = %message.key, id = record.id(), offset = message.offset.0,
                 "duplicate skipped (cache)");
             return Ok(Value::Null);
         }
+        let remember = || {
+            if let Some((cache, cache_key, _)) = cached {
+                cache.insert(cache_key);
+            }
+        };
         let scope =
             PartitionScope::new(self.group.clone(), message.topic.clone(), message.partition);
         match self.store.contains(&scope, &record).await {
             Ok(true) => {
                 debug!(key = %message.key, id = record.id(), offset = message.offset.0,
                     "duplicate skipped (store)");
-                self.cache.insert(cache_key);
+                remember();
                 return Ok(Value::Null);
             }
             Ok(false) => {}
@@ -214,7 +226,7 @@ impl<S: Service> Service for Dedup<S> {
                 warn!(key = %message.key, id = record.id(), %error,
                     "cannot record the message as handled: a redelivery would handle it again");
             }
-            self.cache.insert(cache_key);
+            remember();
         }
         verdict
     }
@@ -230,26 +242,51 @@ mod tests {
     use prosody_api::StorageError;
     use serde_json::json;
     use std::collections::HashSet;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A store without TTL: the pipeline never names a backend, not even in its tests.
+    /// A store without TTL: the pipeline never names a backend, not even in its tests. It
+    /// counts lookups and says it does I/O unless built [`MemoryDedupStore::in_process`].
     #[derive(Clone, Debug, Default)]
-    struct MemoryDedupStore(Arc<Mutex<HashSet<(PartitionScope, DedupRecord)>>>);
+    struct MemoryDedupStore {
+        records: Arc<Mutex<HashSet<(PartitionScope, DedupRecord)>>>,
+        lookups: Arc<AtomicUsize>,
+        in_process: bool,
+    }
 
     impl MemoryDedupStore {
+        fn in_process() -> Self {
+            Self {
+                in_process: true,
+                ..Self::default()
+            }
+        }
+
         fn is_empty(&self) -> bool {
-            self.0.lock().is_empty()
+            self.records.lock().is_empty()
+        }
+
+        fn lookups(&self) -> usize {
+            self.lookups.load(Ordering::SeqCst)
         }
     }
 
     #[async_trait]
     impl DedupStore for MemoryDedupStore {
+        fn lookup_cost(&self) -> LookupCost {
+            if self.in_process {
+                LookupCost::InProcess
+            } else {
+                LookupCost::Io
+            }
+        }
+
         async fn insert(
             &self,
             scope: &PartitionScope,
             record: &DedupRecord,
             _: Ttl,
         ) -> Result<(), StorageError> {
-            self.0.lock().insert((scope.clone(), record.clone()));
+            self.records.lock().insert((scope.clone(), record.clone()));
             Ok(())
         }
 
@@ -258,7 +295,11 @@ mod tests {
             scope: &PartitionScope,
             record: &DedupRecord,
         ) -> Result<bool, StorageError> {
-            Ok(self.0.lock().contains(&(scope.clone(), record.clone())))
+            self.lookups.fetch_add(1, Ordering::SeqCst);
+            Ok(self
+                .records
+                .lock()
+                .contains(&(scope.clone(), record.clone())))
         }
     }
 
@@ -329,6 +370,30 @@ mod tests {
             .await
             .expect("ok");
         assert_eq!(calls.count(), 4);
+    }
+
+    #[tokio::test]
+    async fn repeats_are_answered_by_the_recent_set_unless_the_store_is_in_process() {
+        for (store, lookups) in [
+            (MemoryDedupStore::default(), 1),
+            (MemoryDedupStore::in_process(), 3),
+        ] {
+            let calls = Calls::succeeding();
+            let dedup = layer(&store, "1", calls.clone());
+            for _ in 0..3 {
+                dedup
+                    .call(&task(message("a", json!({"id": "x"}))))
+                    .await
+                    .expect("ok");
+            }
+            assert_eq!(calls.count(), 1, "handled once either way");
+            assert_eq!(
+                store.lookups(),
+                lookups,
+                "store lookups when in process: {}",
+                store.in_process
+            );
+        }
     }
 
     #[tokio::test]

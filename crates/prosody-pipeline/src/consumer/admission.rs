@@ -88,27 +88,30 @@ impl fmt::Debug for Permit {
 /// An admission that wants to know how long each granted attempt ran (the fair scheduler
 /// charges it to the key).
 pub trait ChargeRunTime: Send + Sync + 'static {
-    /// Takes back the slot granted to `key` in `class`, which was held for `ran`. Receives
-    /// its own `Arc` (the grant's) so it can hand the slot on as a new grant.
-    fn release(self: Arc<Self>, key: Key, class: TaskClass, ran: Duration);
+    /// Takes back the slot granted in `class` to the key it tagged `tag` (whatever the
+    /// admission remembers a key by), which was held for `ran`. Receives its own `Arc` (the
+    /// grant's) so it can hand the slot on as a new grant.
+    fn release(self: Arc<Self>, tag: u64, class: TaskClass, ran: Duration);
 }
 
 /// A slot granted to a key in a class at a moment; dropping it reports the time held to the
 /// admission that granted it.
 pub struct TimedGrant {
-    /// The granting admission and the key, taken by `drop` (an `Option` rather than a
-    /// placeholder key, which would cost an allocation per event).
-    holder: Option<(Arc<dyn ChargeRunTime>, Key)>,
+    /// The granting admission, taken by `drop`.
+    owner: Option<Arc<dyn ChargeRunTime>>,
+    /// The key as the admission tagged it.
+    tag: u64,
     class: TaskClass,
     since: Instant,
 }
 
 impl TimedGrant {
-    /// A grant by `owner` to `key` in `class`, starting now.
+    /// A grant by `owner` in `class` to the key it tagged `tag`, starting now.
     #[must_use]
-    pub fn new(owner: Arc<dyn ChargeRunTime>, key: Key, class: TaskClass) -> Self {
+    pub fn new(owner: Arc<dyn ChargeRunTime>, tag: u64, class: TaskClass) -> Self {
         Self {
-            holder: Some((owner, key)),
+            owner: Some(owner),
+            tag,
             class,
             since: Instant::now(),
         }
@@ -117,8 +120,8 @@ impl TimedGrant {
 
 impl Drop for TimedGrant {
     fn drop(&mut self) {
-        if let Some((owner, key)) = self.holder.take() {
-            owner.release(key, self.class, self.since.elapsed());
+        if let Some(owner) = self.owner.take() {
+            owner.release(self.tag, self.class, self.since.elapsed());
         }
     }
 }

@@ -370,6 +370,7 @@ export interface Configuration {
   retryBaseMs?: Duration;
   maxRetryDelayMs?: Duration;
 
+  /** Entries of the process-wide dedup cache in front of a Cassandra or RocksDB store (at least 1; the memory store is asked directly). */
   idempotenceCacheSize?: number;
   idempotenceVersion?: string;
   idempotenceTtlS?: Duration;

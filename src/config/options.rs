@@ -85,7 +85,7 @@ pub struct ClientOptions {
 
     // Deduplication.
     /// Process-wide dedup cache entries; must be at least 1. The cache sits in front of a
-    /// Cassandra or RocksDB store; the memory store is asked directly.
+    /// Cassandra or `RocksDB` store; the memory store is asked directly.
     pub idempotence_cache_size: Option<usize>,
     /// Dedup version: changing it makes every earlier record new again.
     pub idempotence_version: Option<String>,

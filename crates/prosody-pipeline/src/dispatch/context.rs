@@ -96,11 +96,12 @@ impl AttemptContext {
         }
     }
 
-    /// True when the attempt writes to no store (it has neither timers nor keyed state), so
-    /// committing it only ends it.
+    /// True when committing the attempt would only end it: it has no keyed state, and its
+    /// timers (if any) staged no write and have no fired timer to remove. Most attempts of a
+    /// handler that uses neither are like that, and skip the commit's boxed future.
     #[must_use]
     pub fn writes_nothing(&self) -> bool {
-        self.state.is_none() && self.timers.is_none()
+        self.state.is_none() && self.timers.as_ref().is_none_or(StagedTimers::is_empty)
     }
 
     /// Ends the attempt and applies its staged writes (for a timer event, removing the fired
@@ -280,9 +281,48 @@ impl EventContext for AttemptContext {
 
 #[cfg(test)]
 mod tests {
-    use prosody_api::{ClassifyError, ErrorClass};
+    use prosody_api::{ClassifyError, ErrorClass, Partition, SlabSize, SystemClock, Timer, Topic};
+    use serde_json::json;
+    use storage_memory::MemoryTimerStore;
 
     use super::*;
+    use crate::event::{Event, FiredTimer};
+    use crate::middleware::stack::testing::message;
+    use crate::timers::{TimerSettings, Timers};
+
+    #[tokio::test]
+    async fn only_an_attempt_with_a_timer_write_or_a_fired_timer_has_anything_to_commit() {
+        let timers = Timers::new(
+            Arc::new(MemoryTimerStore::new(SlabSize::DEFAULT)),
+            "g",
+            Arc::new(SystemClock),
+            TimerSettings::default(),
+        );
+        let attempt = |event: &Event| {
+            AttemptContext::new(Key::from("k"), CancellationToken::new())
+                .with_timers(timers.stage(event))
+        };
+        let on_message = attempt(&message("k", json!({})));
+        assert!(on_message.writes_nothing());
+        on_message
+            .schedule(TimerTime::from_secs(4_000_000_000))
+            .await
+            .expect("staged");
+        assert!(!on_message.writes_nothing(), "a staged write is committed");
+        let on_timer = attempt(&Event::Timer(FiredTimer {
+            topic: Topic::from("t"),
+            partition: Partition(0),
+            kind: TimerKind::Application,
+            timer: Timer {
+                key: Key::from("k"),
+                time: TimerTime::from_secs(4_000_000_000),
+            },
+        }));
+        assert!(
+            !on_timer.writes_nothing(),
+            "the fired timer is removed by the commit"
+        );
+    }
 
     #[test]
     fn a_collection_without_any_registered_is_unregistered_and_permanent() {

@@ -141,8 +141,9 @@ impl<H: EventHandler> Service for HandlerService<H> {
             context.end();
             return answer;
         };
+        // Ended before looking: nothing can be staged once the context has ended.
+        context.end();
         if context.writes_nothing() {
-            context.end();
             return Ok(answer);
         }
         // Boxed, like the other store writes of the stack: inline, the commit's state made this

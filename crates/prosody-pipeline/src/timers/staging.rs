@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use parking_lot::Mutex;
-use prosody_api::storage::{PartitionScope, StoredTimer};
+use prosody_api::storage::StoredTimer;
 use prosody_api::{Key, Partition, StorageError, TimerKind, TimerTime, Topic};
 
 use super::Timers;
@@ -17,8 +17,6 @@ pub struct StagedTimers {
     timers: Timers,
     topic: Topic,
     partition: Partition,
-    /// Where reads go; writes go through [`Timers::write_now`] with the topic and partition.
-    scope: PartitionScope,
     key: Key,
     /// The timer whose firing this attempt handles: it is removed when the event completes.
     fired: Option<StoredTimer>,
@@ -34,7 +32,6 @@ impl StagedTimers {
         fired: Option<StoredTimer>,
     ) -> Self {
         Self {
-            scope: timers.scope(&topic, partition),
             timers,
             topic,
             partition,
@@ -68,10 +65,13 @@ impl StagedTimers {
     /// # Errors
     /// The store's error.
     pub async fn scheduled(&self, kind: TimerKind) -> Result<Vec<TimerTime>, StorageError> {
+        // The scope is built here, on the rare read, rather than for every attempt: it clones
+        // the group and topic names, whose reference counts every worker shares.
+        let scope = self.timers.scope(&self.topic, self.partition);
         let stored = self
             .timers
             .store()
-            .scheduled(&self.scope, &self.key, kind)
+            .scheduled(&scope, &self.key, kind)
             .await?;
         let mut times: BTreeSet<TimerTime> = stored.into_iter().collect();
         if let Some(fired) = self.fired.as_ref().filter(|fired| fired.kind == kind) {
@@ -114,6 +114,13 @@ impl StagedTimers {
     #[must_use]
     pub fn runtime(&self) -> &Timers {
         &self.timers
+    }
+
+    /// True when a commit would do nothing: no write was staged and no fired timer awaits its
+    /// removal.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.fired.is_none() && self.writes.lock().is_empty()
     }
 
     /// Forgets the staged writes: a commit journal entry carries them now.

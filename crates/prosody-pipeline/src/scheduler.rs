@@ -30,19 +30,19 @@
 //! longest wait: the boost only grows with the wait, so the longest waiter is the one it can
 //! lift furthest, and keeping both orders in trees makes each grant O(log n).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasher, BuildHasherDefault};
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody_api::Key;
-use prosody_api::digest::FoldedHasher;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::consumer::{Admission, ChargeRunTime, Permit, TaskClass, TimedGrant};
+use crate::hashing::{TagMap, forget_any};
 
 /// The scheduler's settings (FEATURES.md section 2).
 #[derive(Clone, Debug)]
@@ -61,9 +61,6 @@ pub struct SchedulerSettings {
 
 /// Virtual time in nanoseconds of run time.
 type Vt = u64;
-
-/// Virtual times by key tag. The tags are seeded hashes already, so the map only folds them.
-type TagMap = HashMap<u64, Vt, BuildHasherDefault<FoldedHasher>>;
 
 struct Waiter {
     tag: u64,
@@ -102,7 +99,7 @@ struct State {
     floor: [Vt; 2],
     /// Per class: the virtual time of each remembered key, by tag. Kept under the same lock as
     /// the queues (a concurrent cache would add its own synchronisation to every grant).
-    keys: [TagMap; 2],
+    keys: [TagMap<Vt>; 2],
 }
 
 impl State {
@@ -142,12 +139,8 @@ impl State {
             // keeps the cost per charge constant.
             keys.retain(|_, vt| *vt > floor);
             if keys.len() > capacity {
-                let mut excess = keys.len().saturating_sub(capacity - capacity / 4);
-                keys.retain(|_, _| {
-                    let forget = excess > 0;
-                    excess = excess.saturating_sub(1);
-                    !forget
-                });
+                let excess = keys.len().saturating_sub(capacity - capacity / 4);
+                forget_any(keys, excess);
             }
         }
     }

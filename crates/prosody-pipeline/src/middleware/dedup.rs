@@ -193,17 +193,19 @@ impl<S: Service> Service for Dedup<S> {
             return self.inner.call(task).await;
         };
         let record = DedupRecord::new(message.key.clone(), id.to_owned(), self.version.clone());
-        let cached = self.cache.as_ref().map(|cache| {
+        // The recent set and the record's key in it, when there is one to remember it in.
+        let mut recent = None;
+        if let Some(cache) = &self.cache {
             let (cache_key, seen) = cache.lookup(&message.topic, message.partition, &record);
-            (cache, cache_key, seen)
-        });
-        if let Some((_, _, true)) = cached {
-            debug!(key = %message.key, id = record.id(), offset = message.offset.0,
-                "duplicate skipped (cache)");
-            return Ok(Value::Null);
+            if seen {
+                debug!(key = %message.key, id = record.id(), offset = message.offset.0,
+                    "duplicate skipped (cache)");
+                return Ok(Value::Null);
+            }
+            recent = Some((cache, cache_key));
         }
         let remember = || {
-            if let Some((cache, cache_key, _)) = cached {
+            if let Some((cache, cache_key)) = recent {
                 cache.insert(cache_key);
             }
         };
@@ -314,6 +316,14 @@ mod tests {
         .wrap(inner)
     }
 
+    /// Handles a message of `key` with `payload` through `dedup`, which must succeed.
+    async fn handle<S: Service>(dedup: &Dedup<S>, key: &str, payload: Value) {
+        dedup
+            .call(&task(message(key, payload)))
+            .await
+            .expect("handled");
+    }
+
     #[test]
     fn the_recent_set_keeps_the_last_entries_within_their_ttl() {
         let set = RecentSet::new(4, Duration::from_secs(60));
@@ -351,24 +361,15 @@ mod tests {
             ("b", json!("x")),
             ("a", json!(7)),
         ] {
-            dedup
-                .call(&task(message(key, json!({ "id": id }))))
-                .await
-                .expect("ok");
+            handle(&dedup, key, json!({ "id": id })).await;
         }
         assert_eq!(calls.count(), 3, "the second (a, x) is a duplicate");
         // A fresh layer (restart) answers from the store; a new version forgets.
         let restarted = layer(&store, "1", calls.clone());
-        restarted
-            .call(&task(message("a", json!({"id": "x"}))))
-            .await
-            .expect("ok");
+        handle(&restarted, "a", json!({"id": "x"})).await;
         assert_eq!(calls.count(), 3);
         let bumped = layer(&store, "2", calls.clone());
-        bumped
-            .call(&task(message("a", json!({"id": "x"}))))
-            .await
-            .expect("ok");
+        handle(&bumped, "a", json!({"id": "x"})).await;
         assert_eq!(calls.count(), 4);
     }
 
@@ -381,10 +382,7 @@ mod tests {
             let calls = Calls::succeeding();
             let dedup = layer(&store, "1", calls.clone());
             for _ in 0..3 {
-                dedup
-                    .call(&task(message("a", json!({"id": "x"}))))
-                    .await
-                    .expect("ok");
+                handle(&dedup, "a", json!({"id": "x"})).await;
             }
             assert_eq!(calls.count(), 1, "handled once either way");
             assert_eq!(
@@ -407,14 +405,8 @@ mod tests {
         let calls = Calls::succeeding();
         let dedup = layer(&store, "1", calls.clone());
         for _ in 0..2 {
-            dedup
-                .call(&task(message("a", json!({"id": "x"}))))
-                .await
-                .expect("ok");
-            dedup
-                .call(&task(message("a", json!({"no": "id"}))))
-                .await
-                .expect("ok");
+            handle(&dedup, "a", json!({"id": "x"})).await;
+            handle(&dedup, "a", json!({"no": "id"})).await;
         }
         assert_eq!(calls.count(), 3);
     }

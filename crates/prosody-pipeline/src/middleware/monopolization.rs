@@ -9,19 +9,18 @@
 //! for at most `monopolizationCacheSize` keys; keys with no time left in the window are
 //! forgotten first.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prosody_api::digest::FoldedHasher;
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::Event;
+use crate::hashing::{TagMap, forget_any};
 
 /// Buckets a key's window is divided in.
 const BUCKETS: u32 = 10;
@@ -99,7 +98,7 @@ pub struct Monopolization<S> {
     /// lookup. Unlike dedup's, a collision here costs no data: two keys would share one account,
     /// so one might be deferred early, and among the `monopolizationCacheSize` keys tracked
     /// (8,192 by default) the chance of any collision is about 2 in 10^12.
-    usage: Mutex<HashMap<u64, Usage, BuildHasherDefault<FoldedHasher>>>,
+    usage: Mutex<TagMap<Usage>>,
     hasher: foldhash::fast::RandomState,
     status: MonopolizationStatus,
     inner: S,
@@ -124,7 +123,7 @@ impl Layer for MonopolizationLayer {
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
             settings: MonopolizationSettings { window, ..settings },
-            usage: Mutex::new(HashMap::default()),
+            usage: Mutex::new(TagMap::default()),
             hasher: foldhash::fast::RandomState::default(),
             status: self.status,
             inner,
@@ -187,17 +186,9 @@ impl<S: Service> Monopolization<S> {
         if usage.len() >= capacity && !usage.contains_key(&index) {
             // Keys with no time left in the window lose nothing by being forgotten; beyond
             // that, arbitrary ones go. A quarter at a time keeps the cost per event constant.
-            // Passes over the map rather than collecting victims: the sweep is amortized over
-            // a quarter of the capacity's events, but it was still a tenth of the layer.
             usage.retain(|_, key| key.charged_within(now));
-            let mut excess = (usage.len() + 1).saturating_sub(capacity - capacity / 4);
-            if excess > 0 {
-                usage.retain(|_, _| {
-                    let forget = excess > 0;
-                    excess = excess.saturating_sub(1);
-                    !forget
-                });
-            }
+            let excess = (usage.len() + 1).saturating_sub(capacity - capacity / 4);
+            forget_any(&mut *usage, excess);
         }
         usage.entry(index).or_default().add(now, busy);
     }

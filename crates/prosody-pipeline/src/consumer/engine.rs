@@ -13,7 +13,7 @@ use futures::FutureExt;
 use parking_lot::Mutex;
 use prosody_api::{Key, Offset};
 use tokio::runtime::Handle;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
@@ -90,6 +90,9 @@ struct Slot {
     work: Mutex<PartitionWork<Work>>,
     health: PartitionHealth,
     drained: Notify,
+    /// Where parked runners wait: one permit per key handed to them (see
+    /// [`PartitionWork::take_ready`]). Closed when the assignment ends, which ends them.
+    wake: Semaphore,
 }
 
 /// Called with the partitions of each revocation once their handlers have drained: what a
@@ -229,6 +232,7 @@ impl Engine {
                     work: Mutex::new(work),
                     health,
                     drained: Notify::new(),
+                    wake: Semaphore::new(0),
                 }),
             );
         }
@@ -258,7 +262,10 @@ impl Engine {
                 return false;
             }
             let offer = work.offer_timer(Work::Event(Event::Timer(fired)));
-            if matches!(offer, Offer::StartRunner(_) | Offer::Queued) {
+            if matches!(
+                offer,
+                Offer::StartRunner(_) | Offer::WakeRunner | Offer::Queued
+            ) {
                 slot.health.work_pending();
             }
             offer
@@ -266,6 +273,10 @@ impl Engine {
         match offer {
             Offer::StartRunner(key) => {
                 self.spawn_runner(slot, key);
+                true
+            }
+            Offer::WakeRunner => {
+                slot.wake.add_permits(1);
                 true
             }
             Offer::Queued => true,
@@ -280,18 +291,21 @@ impl Engine {
     }
 
     /// Offers several records of one partition, in offset order, under one lock; the runners
-    /// they start are spawned together, so a batch costs one wakeup of the runtime.
+    /// they start are spawned together, so a batch costs one wakeup of the runtime, and parked
+    /// runners are woken together.
     pub fn offer_batch(&self, partition: &TopicPartition, batch: Vec<Work>) {
         let Some(slot) = self.slot(partition) else {
             warn!(%partition, records = batch.len(), "records of an unassigned partition dropped");
             return;
         };
         let mut start = Vec::new();
+        let mut wake = 0;
         {
             let mut work = slot.work.lock();
             for item in batch {
                 match work.offer(item) {
                     Offer::StartRunner(key) => start.push(key),
+                    Offer::WakeRunner => wake += 1,
                     Offer::Duplicate => debug!(%partition, "redelivered record dropped"),
                     Offer::Queued | Offer::Held | Offer::Revoked => {}
                 }
@@ -305,6 +319,9 @@ impl Engine {
             if !work.is_idle() {
                 slot.health.work_pending();
             }
+        }
+        if wake > 0 {
+            slot.wake.add_permits(wake);
         }
         if start.is_empty() {
             return;
@@ -358,7 +375,11 @@ impl Engine {
         for partition in partitions {
             if let Some(slot) = self.slot(partition) {
                 let mut work = slot.work.lock();
-                if !work.revoke() {
+                let drained = work.revoke();
+                // Parked runners end; busy ones end after their event (`take_ready` and
+                // `after_event` say stop from now on).
+                slot.wake.close();
+                if !drained {
                     let cancel = work.cancel_token().clone();
                     drop(work);
                     waits.push((slot, cancel));
@@ -415,6 +436,35 @@ impl Engine {
             hook(partitions);
         }
         offsets
+    }
+
+    /// Gives up `partitions` without waiting, for a consumer closed without its poll loop
+    /// (whose runtime may be gone): returns the offsets done so far, drops what is queued
+    /// (uncommitted, so the next owner handles it), leaves running handlers to end on their own
+    /// and ends parked runners.
+    #[must_use]
+    pub fn abandon(&self, partitions: &[TopicPartition]) -> Vec<(TopicPartition, Offset)> {
+        let removed: Vec<Arc<Slot>> = {
+            let mut slots = self.inner.slots.lock();
+            partitions
+                .iter()
+                .filter_map(|partition| slots.remove(partition))
+                .collect()
+        };
+        removed
+            .iter()
+            .filter_map(|slot| {
+                let mut work = slot.work.lock();
+                let done = work.committable();
+                work.revoke();
+                slot.wake.close();
+                let partition = &slot.partition;
+                self.inner
+                    .health
+                    .partition_revoked(partition.topic.as_str(), partition.partition.0);
+                Some((partition.clone(), done?))
+            })
+            .collect()
     }
 
     /// The partitions currently assigned.
@@ -482,25 +532,33 @@ impl Engine {
     }
 
     /// Serves keys of the partition, starting with `key`: their events one at a time, a key at
-    /// a time, as [`PartitionWork::after_event`] directs, until nothing waits for a runner.
+    /// a time, as [`PartitionWork::after_event`] directs, parking while no key waits for a
+    /// runner, until the assignment ends.
     async fn run_key(self, slot: Arc<Slot>, mut key: Key) {
         let partition = &slot.partition;
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
             let permit =
                 PermitSlot::holding(admit(&*self.inner.admission, &key, TaskClass::Normal).await);
-            let (event, cancel) = {
+            let taken = {
                 let mut work = slot.work.lock();
-                let Some(next) = work.next_for(&key) else {
+                match work.next_for(&key) {
+                    Some(next) => Ok((next, work.cancel_token().clone())),
                     // Revoked, or (never expected) a key with nothing queued: settle it like
                     // the end of an event, so a key waiting for a runner is not stranded.
-                    let Some(next) = work.after_event(&key).key(key) else {
+                    None => Err(work.after_event(&key)),
+                }
+            };
+            let (event, cancel) = match taken {
+                Ok(taken) => taken,
+                Err(next) => {
+                    drop(permit);
+                    let Some(next) = following(&slot, next, key).await else {
                         return;
                     };
                     key = next;
                     continue;
-                };
-                (next, work.cancel_token().clone())
+                }
             };
             let offset = event.offset();
             let event = match event {
@@ -526,7 +584,7 @@ impl Engine {
                 timers.finished(fired, true);
                 let next = self.finish(&slot, &key, None);
                 drop(permit);
-                let Some(next) = next.key(key) else {
+                let Some(next) = following(&slot, next, key).await else {
                     return;
                 };
                 key = next;
@@ -557,7 +615,7 @@ impl Engine {
             // Decided under the lock with the finish: asking for a permit first only to find
             // the queue empty cost a whole admission (and the fair scheduler's bookkeeping) per
             // event, since most keys have one event queued at a time.
-            let Some(next) = next.key(key) else {
+            let Some(next) = following(&slot, next, key).await else {
                 return;
             };
             key = next;
@@ -581,6 +639,9 @@ impl Engine {
             }
             (finished, next)
         };
+        if finished.wake > 0 {
+            slot.wake.add_permits(finished.wake);
+        }
         for key in finished.start {
             self.spawn_runner(slot.clone(), key);
         }
@@ -588,6 +649,23 @@ impl Engine {
             slot.drained.notify_one();
         }
         next
+    }
+}
+
+/// The key a runner serves after `next` (`current` when it goes on with it), or `None` when
+/// it ends. A runner told to park waits until a key is handed to it or the assignment ends.
+async fn following(slot: &Slot, mut next: Next, current: Key) -> Option<Key> {
+    loop {
+        match next {
+            Next::Same => return Some(current),
+            Next::Switch(key) => return Some(key),
+            Next::Stop => return None,
+            Next::Park => {
+                // An error is the semaphore closed by the revocation.
+                slot.wake.acquire().await.ok()?.forget();
+                next = slot.work.lock().take_ready();
+            }
+        }
     }
 }
 
@@ -746,6 +824,41 @@ mod tests {
             );
         }
         until(|| engine.committable() == vec![(partition.clone(), Offset(2_000))]).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_runners_park_serve_later_keys_and_end_with_the_assignment() {
+        let recorder = Arc::new(Recorder::default());
+        let flow = Arc::new(RecordingFlow::default());
+        let engine = engine(recorder.clone(), flow, 4, 100, Duration::from_secs(5));
+        // Each runner holds a clone of the engine.
+        let runners = || Arc::strong_count(&engine.inner) - 1;
+        let partition = TopicPartition::new("t", 0);
+        engine.assign([partition.clone()]);
+        for (offset, key) in ["a", "b", "c"].into_iter().enumerate() {
+            engine.offer(&partition, event(key, offset.try_into().unwrap()));
+        }
+        // The backlog empties under the same lock as a runner parks.
+        until(|| recorder.done.load(Ordering::SeqCst) == 3 && engine.load().backlog == 0).await;
+        assert_eq!(runners(), 3, "runners park instead of ending");
+        for (offset, key) in (3..).zip(["d", "e", "f"]) {
+            engine.offer(&partition, event(key, offset));
+        }
+        until(|| recorder.done.load(Ordering::SeqCst) == 6 && engine.load().backlog == 0).await;
+        assert_eq!(runners(), 3, "the parked runners served the new keys");
+        engine.revoke(std::slice::from_ref(&partition)).await;
+        until(|| runners() == 0).await;
+
+        let other = TopicPartition::new("t", 1);
+        engine.assign([other.clone()]);
+        engine.offer(&other, event("a", 0));
+        until(|| recorder.done.load(Ordering::SeqCst) == 7 && engine.load().backlog == 0).await;
+        assert_eq!(runners(), 1);
+        assert_eq!(
+            engine.abandon(std::slice::from_ref(&other)),
+            vec![(other, Offset(1))]
+        );
+        until(|| runners() == 0).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

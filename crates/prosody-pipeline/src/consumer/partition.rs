@@ -16,8 +16,13 @@
 //! permit), and an active key beyond them waits in `ready` for one. A runner whose key has
 //! nothing more takes the next ready key instead of stopping, and one whose key has more
 //! while others wait moves it to the back of `ready` and serves the front one, so every active
-//! key keeps its turn. Spawning a task per key cost a task allocation (cache-line aligned, a
-//! slow path of the allocator), its registration and its teardown for nearly every record.
+//! key keeps its turn. A runner that finds no key waiting parks rather than ends, and the next
+//! key that becomes active is handed to a parked runner before a new one is started; runners
+//! end only with the assignment. Spawning a task per key cost a task allocation (cache-line
+//! aligned, a slow path of the allocator), its registration and its teardown for nearly every
+//! record, and even with runners taking turns about every other record still started one: with
+//! a fast handler a partition's runners were mostly out of keys, ended, and were started again
+//! by the next record.
 
 use prosody_api::{Key, Offset};
 use std::collections::VecDeque;
@@ -38,8 +43,11 @@ const SPARE_QUEUE_CAPACITY: usize = 8;
 /// What happened to an offered event.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Offer {
-    /// The key was idle and the partition has room for another runner: start one for it.
+    /// The key was idle, no runner is parked and the partition has room for another runner:
+    /// start one for it.
     StartRunner(Key),
+    /// The key was idle and waits in `ready` for a parked runner: wake one.
+    WakeRunner,
     /// The event waits in its key's queue: behind the key's earlier events, or for a runner.
     Queued,
     /// The backlog is full; the event is held outside the backlog until it drains.
@@ -58,21 +66,11 @@ pub enum Next {
     /// Serve this key next: it waited for a runner (the runner's own key, if it has more,
     /// now waits in its place).
     Switch(Key),
-    /// Stop: nothing waits for a runner, or the partition was revoked.
+    /// Park: nothing waits for a runner. The runner stays one of the partition's runners and
+    /// waits for a wake, then asks [`PartitionWork::take_ready`] for its key.
+    Park,
+    /// Stop: the partition was revoked.
     Stop,
-}
-
-impl Next {
-    /// The key the runner serves next (`current` when it goes on with it), or `None` when it
-    /// stops.
-    #[must_use]
-    pub fn key(self, current: Key) -> Option<Key> {
-        match self {
-            Self::Same => Some(current),
-            Self::Switch(next) => Some(next),
-            Self::Stop => None,
-        }
-    }
 }
 
 /// What the engine must do after an event finished.
@@ -81,6 +79,8 @@ pub struct Finished {
     /// Keys that became active by admitting held events and got a new runner: start one for
     /// each.
     pub start: Vec<Key>,
+    /// Parked runners owed a wake for keys that became active by admitting held events.
+    pub wake: usize,
     /// The backlog drained enough: resume the partition in Kafka.
     pub resume: bool,
     /// The partition is revoked and nothing runs any more: wake whoever waits for the drain.
@@ -99,8 +99,11 @@ pub struct PartitionWork<T> {
     spare: Vec<VecDeque<T>>,
     /// Active keys without a runner, in the order they are served.
     ready: VecDeque<Key>,
-    /// Runners serving this assignment.
+    /// Runners serving this assignment, parked ones included.
     runners: usize,
+    /// Runners parked with no key and not yet owed a wake: each key that becomes active while
+    /// one is parked goes to `ready` and takes one wake.
+    parked: usize,
     max_runners: usize,
     held: VecDeque<T>,
     backlog: usize,
@@ -131,6 +134,7 @@ impl<T: Keyed> PartitionWork<T> {
             spare: Vec::new(),
             ready: VecDeque::new(),
             runners: 0,
+            parked: 0,
             max_runners: max_runners.max(1),
             held: VecDeque::new(),
             backlog: 0,
@@ -212,7 +216,11 @@ impl<T: Keyed> PartitionWork<T> {
                 let mut queue = self.spare.pop().unwrap_or_default();
                 queue.push_back(event);
                 slot.insert(queue);
-                if self.runners < self.max_runners {
+                if self.parked > 0 {
+                    self.parked -= 1;
+                    self.ready.push_back(key);
+                    Offer::WakeRunner
+                } else if self.runners < self.max_runners {
                     self.runners += 1;
                     Offer::StartRunner(key)
                 } else {
@@ -246,7 +254,8 @@ impl<T: Keyed> PartitionWork<T> {
     /// What the runner of `key` does next, after an event of the key finished (and after
     /// [`Self::finish`] recorded it). A key with nothing more queued becomes idle. Decided under
     /// the same lock as the finish, so the runner never asks for an admission permit it would
-    /// not use, and an event offered concurrently is either seen here or starts a new runner.
+    /// not use, and an event offered concurrently is either seen here or wakes or starts a
+    /// runner.
     pub fn after_event(&mut self, key: &Key) -> Next {
         if self.revoked {
             return Next::Stop;
@@ -268,10 +277,24 @@ impl<T: Keyed> PartitionWork<T> {
             }
             None if more => Next::Same,
             None => {
-                self.runners = self.runners.saturating_sub(1);
-                Next::Stop
+                self.parked += 1;
+                Next::Park
             }
         }
+    }
+
+    /// What a parked runner serves after a wake: the front `ready` key, or [`Next::Park`]
+    /// again when a busy runner took it first, or [`Next::Stop`] once the partition was
+    /// revoked.
+    pub fn take_ready(&mut self) -> Next {
+        if self.revoked {
+            return Next::Stop;
+        }
+        if let Some(key) = self.ready.pop_front() {
+            return Next::Switch(key);
+        }
+        self.parked += 1;
+        Next::Park
     }
 
     /// Records that an event taken with [`Self::next_for`] finished (successfully or given up
@@ -292,8 +315,10 @@ impl<T: Keyed> PartitionWork<T> {
         while self.backlog < self.max_backlog
             && let Some(event) = self.held.pop_front()
         {
-            if let Offer::StartRunner(key) = self.admit(event) {
-                finished.start.push(key);
+            match self.admit(event) {
+                Offer::StartRunner(key) => finished.start.push(key),
+                Offer::WakeRunner => finished.wake += 1,
+                Offer::Queued | Offer::Held | Offer::Duplicate | Offer::Revoked => {}
             }
         }
         // Resume only once half the backlog is free: resuming at the first free slot would
@@ -405,14 +430,15 @@ mod tests {
         work.finish(Some(Offset(1)));
         assert_eq!(
             work.after_event(&a),
-            Next::Stop,
-            "nothing queued: the key is idle"
+            Next::Park,
+            "nothing queued: the key is idle and its runner parks"
         );
         assert_eq!(
             work.offer(event("a", 2)),
-            Offer::StartRunner(a.clone()),
-            "an idle key's next event starts a new runner"
+            Offer::WakeRunner,
+            "an idle key's next event goes to the parked runner"
         );
+        assert_eq!(work.take_ready(), Next::Switch(a.clone()));
         work.revoke();
         assert_eq!(
             work.after_event(&a),
@@ -448,11 +474,11 @@ mod tests {
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(3)));
         work.finish(Some(Offset(3)));
         assert_eq!(work.next_for(&a), None, "queue empty");
-        assert_eq!(work.after_event(&a), Next::Stop, "the runner stops");
+        assert_eq!(work.after_event(&a), Next::Park, "the runner parks");
         assert_eq!(
             work.offer(event("a", 4)),
-            Offer::StartRunner(a),
-            "idle key starts again"
+            Offer::WakeRunner,
+            "idle key starts again, on the parked runner"
         );
         assert_eq!(
             work.committable(),
@@ -556,20 +582,58 @@ mod tests {
         );
         assert_eq!(work.next_for(&d).and_then(|e| e.offset()), Some(Offset(3)));
         work.finish(Some(Offset(3)));
-        assert_eq!(work.after_event(&d), Next::Stop, "nothing waits");
+        assert_eq!(work.after_event(&d), Next::Park, "nothing waits");
         assert_eq!(
             work.offer(event("c", 5)),
-            Offer::StartRunner(c),
-            "a runner stopped, so there is room for a new one"
+            Offer::WakeRunner,
+            "the parked runner serves the next active key"
         );
+        assert_eq!(work.take_ready(), Next::Switch(c));
         assert_eq!(work.next_for(&a).and_then(|e| e.offset()), Some(Offset(4)));
         work.finish(Some(Offset(4)));
-        assert_eq!(work.after_event(&a), Next::Stop);
+        assert_eq!(work.after_event(&a), Next::Park);
         assert_eq!(
             work.committable(),
             Some(Offset(5)),
             "c's offset 5 is pending"
         );
+    }
+
+    #[test]
+    fn parked_runners_are_woken_for_new_keys_before_new_runners_start() {
+        let mut work = PartitionWork::new(1, 3, 4, Arc::new(CancellationToken::new()));
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(Key::from);
+        assert_eq!(work.offer(event("a", 0)), Offer::StartRunner(a.clone()));
+        assert_eq!(work.offer(event("b", 1)), Offer::StartRunner(b.clone()));
+        work.next_for(&a);
+        work.finish(Some(Offset(0)));
+        assert_eq!(work.after_event(&a), Next::Park);
+        assert_eq!(
+            work.offer(event("c", 2)),
+            Offer::WakeRunner,
+            "a parked runner is used before a third one starts"
+        );
+        assert_eq!(work.offer(event("d", 3)), Offer::StartRunner(d.clone()));
+        // b's runner finishes first and takes c; the woken runner finds nothing and parks
+        // again, owed no wake until another key becomes active.
+        work.next_for(&b);
+        work.finish(Some(Offset(1)));
+        assert_eq!(work.after_event(&b), Next::Switch(c.clone()));
+        assert_eq!(work.take_ready(), Next::Park);
+        // A held event admitted by a finish wakes the parked runner too.
+        assert_eq!(
+            work.offer(event("d", 4)),
+            Offer::Queued,
+            "the backlog is full"
+        );
+        assert_eq!(work.offer(event("a", 5)), Offer::Held);
+        work.next_for(&c);
+        let finished = work.finish(Some(Offset(2)));
+        assert_eq!((finished.start, finished.wake), (vec![], 1));
+        assert_eq!(work.take_ready(), Next::Switch(a));
+        work.revoke();
+        assert_eq!(work.take_ready(), Next::Stop, "revoked: parked runners end");
+        assert_eq!(work.after_event(&d), Next::Stop);
     }
 
     #[test]

@@ -183,7 +183,7 @@ impl ConsumerContext for RebalanceContext {
                     );
                     commit(
                         consumer,
-                        &done_offsets(&self.engine, &partitions),
+                        &self.engine.abandon(&partitions),
                         CommitMode::Sync,
                     );
                 } else {
@@ -391,7 +391,7 @@ fn poll_until_stopped(
     context.readers.close(None);
     let partitions = engine.assigned();
     let offsets = match requests.get() {
-        Request::Abandon => done_offsets(engine, &partitions),
+        Request::Abandon => engine.abandon(&partitions),
         _ => context.runtime.block_on(engine.revoke(&partitions)),
     };
     commit(consumer, &offsets, CommitMode::Sync);
@@ -427,15 +427,6 @@ fn receive(engine: &Engine, record: &BorrowedMessage<'_>, limits: &DecodeLimits)
             engine.offer(&partition, Event::Rejected(Box::new(rejected)));
         }
     }
-}
-
-/// The committable offsets of `partitions` now, without waiting for anything.
-fn done_offsets(engine: &Engine, partitions: &[TopicPartition]) -> Vec<(TopicPartition, Offset)> {
-    engine
-        .committable()
-        .into_iter()
-        .filter(|(partition, _)| partitions.contains(partition))
-        .collect()
 }
 
 fn commit_changed(

@@ -412,25 +412,7 @@ impl Engine {
                 }
             }
         }
-        let removed: Vec<Arc<Slot>> = {
-            let mut slots = self.inner.slots.lock();
-            partitions
-                .iter()
-                .filter_map(|partition| slots.remove(partition))
-                .collect()
-        };
-        let offsets = removed
-            .iter()
-            .filter_map(|slot| {
-                let work = slot.work.lock();
-                work.cancel_token().cancel();
-                let partition = &slot.partition;
-                self.inner
-                    .health
-                    .partition_revoked(partition.topic.as_str(), partition.partition.0);
-                Some((partition.clone(), work.committable()?))
-            })
-            .collect();
+        let offsets = self.forget(partitions, |_, work| work.cancel_token().cancel());
         let hooks = self.inner.revocation_hooks.lock().clone();
         for hook in hooks {
             hook(partitions);
@@ -444,6 +426,19 @@ impl Engine {
     /// and ends parked runners.
     #[must_use]
     pub fn abandon(&self, partitions: &[TopicPartition]) -> Vec<(TopicPartition, Offset)> {
+        self.forget(partitions, |slot, work| {
+            work.revoke();
+            slot.wake.close();
+        })
+    }
+
+    /// Forgets the assignments of `partitions`, running `end` on each under its lock, and
+    /// returns their committable offsets.
+    fn forget(
+        &self,
+        partitions: &[TopicPartition],
+        end: impl Fn(&Slot, &mut PartitionWork<Work>),
+    ) -> Vec<(TopicPartition, Offset)> {
         let removed: Vec<Arc<Slot>> = {
             let mut slots = self.inner.slots.lock();
             partitions
@@ -455,14 +450,12 @@ impl Engine {
             .iter()
             .filter_map(|slot| {
                 let mut work = slot.work.lock();
-                let done = work.committable();
-                work.revoke();
-                slot.wake.close();
+                end(slot, &mut work);
                 let partition = &slot.partition;
                 self.inner
                     .health
                     .partition_revoked(partition.topic.as_str(), partition.partition.0);
-                Some((partition.clone(), done?))
+                Some((partition.clone(), work.committable()?))
             })
             .collect()
     }

@@ -28,9 +28,14 @@
 //!
 //! Choosing among waiters considers two candidates per class, the least virtual time and the
 //! longest wait: the boost only grows with the wait, so the longest waiter is the one it can
-//! lift furthest, and keeping both orders in trees makes each grant O(log n).
+//! lift furthest. The waiters are kept in arrival order in a ring and by virtual time in a
+//! heap, so each grant is O(log n) and, once they have grown, neither allocates: a granted
+//! waiter leaves a hole in the ring and a stale heap entry, dropped when they reach the front
+//! or when holes outnumber waiters. (Two B-trees did the same with an allocation or a free on
+//! most operations; under contention every event queues, so this is the scheduler's hot path.)
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,28 +70,106 @@ type Vt = u64;
 struct Waiter {
     tag: u64,
     vt: Vt,
+    /// Arrival order over both classes (the tie-break between two overdue waiters).
+    arrival: u64,
     since: Instant,
     grant: oneshot::Sender<Permit>,
 }
 
+/// The waiters of one class. A waiter is named by its *position*, its place in this queue's
+/// arrival order.
 #[derive(Default)]
 struct Queue {
-    /// Waiters by arrival: the first is the longest waiting.
-    by_arrival: BTreeMap<u64, Waiter>,
-    /// (virtual time, arrival) of every waiter: the first has the least virtual time.
-    by_vt: BTreeSet<(Vt, u64)>,
+    /// Waiters by arrival, the longest waiting first; `None` where one was granted. The
+    /// front is always a waiter.
+    by_arrival: VecDeque<Option<Waiter>>,
+    /// The position of the front of `by_arrival`.
+    front: u64,
+    /// The waiters in `by_arrival`.
+    waiting: usize,
+    /// (virtual time, position) of the waiters, the least first; entries of granted waiters
+    /// are stale until they reach the top, and the top is always a waiter.
+    by_vt: BinaryHeap<Reverse<(Vt, u64)>>,
 }
+
+/// Holes and stale entries tolerated beyond twice the waiters before they are swept.
+const SLACK: usize = 64;
 
 impl Queue {
     fn is_empty(&self) -> bool {
-        self.by_arrival.is_empty()
+        self.waiting == 0
     }
 
-    fn remove(&mut self, arrival: u64) -> Option<Waiter> {
-        let waiter = self.by_arrival.remove(&arrival)?;
-        self.by_vt.remove(&(waiter.vt, arrival));
+    fn len(&self) -> usize {
+        self.waiting
+    }
+
+    fn push(&mut self, waiter: Waiter) {
+        let position = self.front + self.by_arrival.len() as u64;
+        self.by_vt.push(Reverse((waiter.vt, position)));
+        self.by_arrival.push_back(Some(waiter));
+        self.waiting += 1;
+    }
+
+    fn get(&self, position: u64) -> Option<&Waiter> {
+        let index = usize::try_from(position.checked_sub(self.front)?).ok()?;
+        self.by_arrival.get(index)?.as_ref()
+    }
+
+    /// The longest waiting and its position.
+    fn oldest(&self) -> Option<(u64, &Waiter)> {
+        Some((self.front, self.by_arrival.front()?.as_ref()?))
+    }
+
+    /// The position of the waiter with the least virtual time (the earliest among equals).
+    fn lightest(&self) -> Option<u64> {
+        self.by_vt.peek().map(|Reverse((_, position))| *position)
+    }
+
+    fn remove(&mut self, position: u64) -> Option<Waiter> {
+        let index = usize::try_from(position.checked_sub(self.front)?).ok()?;
+        let waiter = self.by_arrival.get_mut(index)?.take()?;
+        self.waiting -= 1;
+        self.settle();
         Some(waiter)
     }
+
+    /// Restores the invariants after a removal: both fronts are waiters, and holes and stale
+    /// entries stay within [`SLACK`] of twice the waiters. A waiter long at the front (a heavy
+    /// key waiting out `max_wait`) would otherwise keep every hole behind it.
+    fn settle(&mut self) {
+        while matches!(self.by_arrival.front(), Some(None)) {
+            self.by_arrival.pop_front();
+            self.front += 1;
+        }
+        let limit = 2 * self.waiting + SLACK;
+        if self.by_arrival.len() > limit || self.by_vt.len() > limit {
+            // Renumbered from the front: positions only live under the lock.
+            self.by_arrival.retain(Option::is_some);
+            let front = self.front;
+            self.by_vt = self
+                .by_arrival
+                .iter()
+                .zip(front..)
+                .filter_map(|(waiter, position)| {
+                    waiter.as_ref().map(|waiter| Reverse((waiter.vt, position)))
+                })
+                .collect();
+        }
+        while let Some(position) = self.lightest()
+            && self.get(position).is_none()
+        {
+            self.by_vt.pop();
+        }
+    }
+}
+
+/// The waiter of a queue to run next.
+#[derive(Clone, Copy)]
+struct Candidate {
+    position: u64,
+    arrival: u64,
+    overdue: bool,
 }
 
 struct State {
@@ -206,11 +289,7 @@ impl FairScheduler {
     #[must_use]
     pub fn waiting(&self) -> usize {
         let state = self.shared.state.lock();
-        state
-            .queues
-            .iter()
-            .map(|queue| queue.by_arrival.len())
-            .sum()
+        state.queues.iter().map(Queue::len).sum()
     }
 }
 
@@ -260,18 +339,30 @@ impl Shared {
         vt - self.settings.wait_weight * ratio * ratio
     }
 
-    /// The arrival of the waiter of `queue` to run next and whether it is overdue.
-    fn candidate(&self, queue: &Queue, now: Instant) -> Option<(u64, bool)> {
-        let (&oldest, waiter) = queue.by_arrival.first_key_value()?;
+    /// The waiter of `queue` to run next.
+    fn candidate(&self, queue: &Queue, now: Instant) -> Option<Candidate> {
+        let (oldest, waiter) = queue.oldest()?;
         if now.duration_since(waiter.since) >= self.settings.max_wait {
-            return Some((oldest, true));
+            return Some(Candidate {
+                position: oldest,
+                arrival: waiter.arrival,
+                overdue: true,
+            });
         }
-        let &(_, least) = queue.by_vt.first()?;
-        let pick = match queue.by_arrival.get(&least) {
-            Some(lightest) if self.score(lightest, now) <= self.score(waiter, now) => least,
-            _ => oldest,
+        let (position, waiter) = match queue
+            .lightest()
+            .and_then(|least| Some((least, queue.get(least)?)))
+        {
+            Some((least, lightest)) if self.score(lightest, now) <= self.score(waiter, now) => {
+                (least, lightest)
+            }
+            _ => (oldest, waiter),
         };
-        Some((pick, false))
+        Some(Candidate {
+            position,
+            arrival: waiter.arrival,
+            overdue: false,
+        })
     }
 
     /// Hands free slots to waiters. Returns the permits of waiters that gave up meanwhile,
@@ -289,19 +380,21 @@ impl Shared {
                 (None, None) => break,
                 (Some(_), None) => 0,
                 (None, Some(_)) => 1,
-                (Some((normal, normal_due)), Some((retry, retry_due))) => {
-                    if normal_due || retry_due {
+                (Some(normal), Some(retry)) => {
+                    if normal.overdue || retry.overdue {
                         // Overdue goes first; between two overdue ones, the earlier arrival.
-                        usize::from(!normal_due || (retry_due && retry < normal))
+                        usize::from(
+                            !normal.overdue || (retry.overdue && retry.arrival < normal.arrival),
+                        )
                     } else {
                         usize::from(state.class_time[1] < state.class_time[0])
                     }
                 }
             };
-            let Some((arrival, _)) = (if class == 0 { normal } else { retry }) else {
+            let Some(chosen) = (if class == 0 { normal } else { retry }) else {
                 break;
             };
-            let Some(waiter) = state.queues[class].remove(arrival) else {
+            let Some(waiter) = state.queues[class].remove(chosen.position) else {
                 break;
             };
             state.free -= 1;
@@ -341,17 +434,13 @@ impl Admission for FairScheduler {
                 // See `grant`: a class that starts waiting again starts level with the other.
                 state.class_time[class] = state.class_time[class].max(state.class_time[1 - class]);
             }
-            let queue = &mut state.queues[class];
-            queue.by_vt.insert((vt, arrival));
-            queue.by_arrival.insert(
+            state.queues[class].push(Waiter {
+                tag,
+                vt,
                 arrival,
-                Waiter {
-                    tag,
-                    vt,
-                    since: Instant::now(),
-                    grant,
-                },
-            );
+                since: Instant::now(),
+                grant,
+            });
             let unwanted = shared.grant(&mut state);
             (receiver, unwanted)
         };
@@ -387,6 +476,51 @@ mod tests {
     async fn hold(permit: Permit, run: Duration) {
         tokio::time::sleep(run).await;
         drop(permit);
+    }
+
+    fn waiter(vt: Vt, arrival: u64) -> Waiter {
+        let (grant, _) = oneshot::channel();
+        Waiter {
+            tag: arrival,
+            vt,
+            arrival,
+            since: Instant::now(),
+            grant,
+        }
+    }
+
+    #[test]
+    fn the_queue_orders_by_virtual_time_then_arrival() {
+        let mut queue = Queue::default();
+        for (arrival, vt) in (0..).zip([5, 3, 3, 9]) {
+            queue.push(waiter(vt, arrival));
+        }
+        let mut order = Vec::new();
+        let mut oldest = Vec::new();
+        while let Some(least) = queue.lightest() {
+            oldest.extend(queue.oldest().map(|(_, waiter)| waiter.arrival));
+            order.push(queue.remove(least).expect("a waiter").arrival);
+        }
+        assert_eq!(order, [1, 2, 0, 3]);
+        assert_eq!(oldest, [0, 0, 0, 3], "the longest waiting, holes skipped");
+        assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn holes_behind_a_long_waiter_are_swept() {
+        let mut queue = Queue::default();
+        queue.push(waiter(Vt::MAX, 0));
+        for arrival in 1..10_000 {
+            queue.push(waiter(arrival, arrival));
+            let least = queue.lightest().expect("a waiter");
+            assert_eq!(queue.remove(least).expect("a waiter").arrival, arrival);
+            assert_eq!(queue.oldest().map(|(_, w)| w.arrival), Some(0));
+            assert!(queue.by_arrival.len() <= 2 * queue.len() + SLACK);
+            assert!(queue.by_vt.len() <= 2 * queue.len() + SLACK + 1);
+        }
+        let least = queue.lightest().expect("the long waiter");
+        assert_eq!(queue.remove(least).map(|w| w.arrival), Some(0));
+        assert!(queue.is_empty() && queue.by_arrival.is_empty() && queue.by_vt.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

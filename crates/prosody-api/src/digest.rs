@@ -100,6 +100,15 @@ impl Hasher for Gathering {
         self.buffer[self.len..self.len + bytes.len()].copy_from_slice(bytes);
         self.len += bytes.len();
     }
+
+    fn write_u8(&mut self, byte: u8) {
+        // Every string ends with one (its terminator): a store, not a slice copy.
+        if self.len == self.buffer.len() {
+            self.flush();
+        }
+        self.buffer[self.len] = byte;
+        self.len += 1;
+    }
 }
 
 /// A map keyed by digests.
@@ -154,10 +163,13 @@ mod tests {
     fn gathering_writes_first_digests_as_siphash_of_the_whole_stream() {
         let digester = Digester::default();
         let long = "x".repeat(300);
+        // Exactly a buffer: its terminator finds the buffer full.
+        let full = "y".repeat(128);
         for value in [
             ("a", 1_u32, "b"),
             ("", 0, ""),
             (long.as_str(), 7, long.as_str()),
+            (full.as_str(), 8, "z"),
         ] {
             let mut direct = SipHasher13::new_with_keys(digester.keys.0, digester.keys.1);
             value.hash(&mut direct);

@@ -113,13 +113,14 @@ impl<S: Service> Service for Telemetry<S> {
             return self.inner.call(task).await;
         }
         self.emit(task, Stage::Dispatched, None, None);
-        let started = Instant::now();
+        // Only lifecycle events carry the run time (spans time themselves).
+        let started = self.settings.sink.is_some().then(Instant::now);
         let verdict = if handler_spans_wanted() {
             self.inner.call(task).instrument(self.span(task)).await
         } else {
             self.inner.call(task).await
         };
-        let duration = Some(started.elapsed().as_secs_f64() * 1_000.0);
+        let duration = started.map(|started| started.elapsed().as_secs_f64() * 1_000.0);
         match &verdict {
             Ok(_) => self.emit(task, Stage::Succeeded, duration, None),
             Err(failure) => self.emit(task, Stage::Failed, duration, Some(failure.reason.clone())),

@@ -828,15 +828,18 @@ mod tests {
         let runners = || Arc::strong_count(&engine.inner) - 1;
         let partition = TopicPartition::new("t", 0);
         engine.assign([partition.clone()]);
-        for (offset, key) in ["a", "b", "c"].into_iter().enumerate() {
-            engine.offer(&partition, event(key, offset.try_into().unwrap()));
-        }
+        let batch = |first: i64, keys: [&str; 3]| {
+            (first..)
+                .zip(keys)
+                .map(|(offset, key)| Work::Event(event(key, offset)))
+                .collect()
+        };
+        // One batch, so all three keys are offered before any runner could park.
+        engine.offer_batch(&partition, batch(0, ["a", "b", "c"]));
         // The backlog empties under the same lock as a runner parks.
         until(|| recorder.done.load(Ordering::SeqCst) == 3 && engine.load().backlog == 0).await;
         assert_eq!(runners(), 3, "runners park instead of ending");
-        for (offset, key) in (3..).zip(["d", "e", "f"]) {
-            engine.offer(&partition, event(key, offset));
-        }
+        engine.offer_batch(&partition, batch(3, ["d", "e", "f"]));
         until(|| recorder.done.load(Ordering::SeqCst) == 6 && engine.load().backlog == 0).await;
         assert_eq!(runners(), 3, "the parked runners served the new keys");
         engine.revoke(std::slice::from_ref(&partition)).await;

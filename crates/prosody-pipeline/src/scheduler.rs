@@ -111,9 +111,13 @@ impl Queue {
         self.waiting += 1;
     }
 
+    /// Where `position` is in `by_arrival`, if it is still there.
+    fn index(&self, position: u64) -> Option<usize> {
+        usize::try_from(position.checked_sub(self.front)?).ok()
+    }
+
     fn get(&self, position: u64) -> Option<&Waiter> {
-        let index = usize::try_from(position.checked_sub(self.front)?).ok()?;
-        self.by_arrival.get(index)?.as_ref()
+        self.by_arrival.get(self.index(position)?)?.as_ref()
     }
 
     /// The longest waiting and its position.
@@ -127,7 +131,7 @@ impl Queue {
     }
 
     fn remove(&mut self, position: u64) -> Option<Waiter> {
-        let index = usize::try_from(position.checked_sub(self.front)?).ok()?;
+        let index = self.index(position)?;
         let waiter = self.by_arrival.get_mut(index)?.take()?;
         self.waiting -= 1;
         self.settle();

@@ -95,6 +95,17 @@ struct Slot {
     wake: Semaphore,
 }
 
+impl Slot {
+    /// Stops serving the assignment: nothing more is dispatched and parked runners end (busy
+    /// ones end after their event, as `take_ready` and `after_event` say stop from now on).
+    /// True when nothing is running any more.
+    fn retire(&self, work: &mut PartitionWork<Work>) -> bool {
+        let drained = work.revoke();
+        self.wake.close();
+        drained
+    }
+}
+
 /// Called with the partitions of each revocation once their handlers have drained: what a
 /// process caches for the keys it owns (the keyed-state cache) must be dropped there, since
 /// the next owner may change the data.
@@ -375,11 +386,7 @@ impl Engine {
         for partition in partitions {
             if let Some(slot) = self.slot(partition) {
                 let mut work = slot.work.lock();
-                let drained = work.revoke();
-                // Parked runners end; busy ones end after their event (`take_ready` and
-                // `after_event` say stop from now on).
-                slot.wake.close();
-                if !drained {
+                if !slot.retire(&mut work) {
                     let cancel = work.cancel_token().clone();
                     drop(work);
                     waits.push((slot, cancel));
@@ -427,8 +434,7 @@ impl Engine {
     #[must_use]
     pub fn abandon(&self, partitions: &[TopicPartition]) -> Vec<(TopicPartition, Offset)> {
         self.forget(partitions, |slot, work| {
-            work.revoke();
-            slot.wake.close();
+            slot.retire(work);
         })
     }
 

@@ -15,6 +15,11 @@
 //! range-checking them, so `1e400` would pass and then fail to parse.)
 //! On the way it notes the two top-level fields Prosody itself reads, `id` (deduplication) and
 //! `type` (the `allowedEvents` filter), so reading them does not parse the tree either.
+//!
+//! Most documents never reach that walk: [`scan`] decides the usual ones in one pass over the
+//! bytes and leaves only the unusual (and the invalid, whose reason `serde_json` gives) to it.
+
+mod scan;
 
 use std::fmt;
 use std::ops::Deref;
@@ -113,7 +118,7 @@ impl Payload {
                 });
             }
         };
-        match check(&text) {
+        match scan::known_fields(&text).map_or_else(|| check(&text), Ok) {
             Ok(fields) => Ok(Self {
                 text: text.into_boxed_str(),
                 fields,

@@ -14,7 +14,9 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody_api::digest::DigestMap;
-use prosody_api::storage::{DedupRecord, DedupStore, LookupCost, PartitionScope, Ttl};
+use prosody_api::storage::{
+    DedupRecord, DedupStore, ImmediateDedupStore, LookupCost, PartitionScope, Ttl,
+};
 use prosody_api::{Clock, StorageError};
 
 use crate::sweep::SweepSchedule;
@@ -75,13 +77,9 @@ impl MemoryDedupStore {
     }
 }
 
-#[async_trait]
-impl DedupStore for MemoryDedupStore {
-    fn lookup_cost(&self) -> LookupCost {
-        LookupCost::InProcess
-    }
-
-    async fn insert(
+/// Everything is in memory behind one lock: nothing ever waits.
+impl ImmediateDedupStore for MemoryDedupStore {
+    fn insert_now(
         &self,
         scope: &PartitionScope,
         record: &DedupRecord,
@@ -105,7 +103,7 @@ impl DedupStore for MemoryDedupStore {
         Ok(())
     }
 
-    async fn contains(
+    fn contains_now(
         &self,
         scope: &PartitionScope,
         record: &DedupRecord,
@@ -118,6 +116,34 @@ impl DedupStore for MemoryDedupStore {
             .get(scope)
             .and_then(|expiries| expiries.get(&record.fingerprint()))
             .is_some_and(|expiry| self.clock.now() < *expiry))
+    }
+}
+
+#[async_trait]
+impl DedupStore for MemoryDedupStore {
+    fn lookup_cost(&self) -> LookupCost {
+        LookupCost::InProcess
+    }
+
+    fn immediate(&self) -> Option<&dyn ImmediateDedupStore> {
+        Some(self)
+    }
+
+    async fn insert(
+        &self,
+        scope: &PartitionScope,
+        record: &DedupRecord,
+        ttl: Ttl,
+    ) -> Result<(), StorageError> {
+        self.insert_now(scope, record, ttl)
+    }
+
+    async fn contains(
+        &self,
+        scope: &PartitionScope,
+        record: &DedupRecord,
+    ) -> Result<bool, StorageError> {
+        self.contains_now(scope, record)
     }
 }
 

@@ -170,12 +170,13 @@ where
                 match *op {
                     Op::Insert(index, secs) => {
                         let (key, id, version) = RECORDS[index];
-                        ok_or_fail!(
-                            store
-                                .insert(&scope, &record(key, id, version), ttl(secs))
-                                .await,
-                            "step {step} {op:?}"
-                        );
+                        let entry = record(key, id, version);
+                        // A store that answers immediately takes every other insert that way.
+                        let inserted = match store.immediate().filter(|_| step % 2 == 0) {
+                            Some(immediate) => immediate.insert_now(&scope, &entry, ttl(secs)),
+                            None => store.insert(&scope, &entry, ttl(secs)).await,
+                        };
+                        ok_or_fail!(inserted, "step {step} {op:?}");
                         model.insert(index, ttl(secs).expires_at(clock.now()));
                     }
                     Op::Advance(secs) => clock.advance(Duration::from_secs(secs)),
@@ -194,6 +195,18 @@ where
                         "contains {:?} after step {step} {op:?}",
                         RECORDS[index]
                     );
+                    if let Some(immediate) = store.immediate() {
+                        let now = ok_or_fail!(
+                            immediate.contains_now(&scope, &record(key, id, version)),
+                            "contains_now"
+                        );
+                        ensure_eq!(
+                            now,
+                            expected,
+                            "contains_now {:?} after step {step} {op:?}",
+                            RECORDS[index]
+                        );
+                    }
                 }
             }
             Ok(())

@@ -76,6 +76,32 @@ pub enum LookupCost {
     Io,
 }
 
+/// A [`DedupStore`] whose operations never wait (it answers from its own memory): the same
+/// operations without a future, so the pipeline's hot path neither allocates nor polls one per
+/// message. Its answers are exactly those of the store's `insert` and `contains`.
+pub trait ImmediateDedupStore: Send + Sync {
+    /// [`DedupStore::insert`], done before returning.
+    ///
+    /// # Errors
+    /// As for `insert`.
+    fn insert_now(
+        &self,
+        scope: &PartitionScope,
+        record: &DedupRecord,
+        ttl: Ttl,
+    ) -> Result<(), StorageError>;
+
+    /// [`DedupStore::contains`], answered before returning.
+    ///
+    /// # Errors
+    /// As for `contains`.
+    fn contains_now(
+        &self,
+        scope: &PartitionScope,
+        record: &DedupRecord,
+    ) -> Result<bool, StorageError>;
+}
+
 /// The durable tier of deduplication: which messages a partition has already handled.
 ///
 /// Records are identified by (scope, key, id, version), all four compared exactly. A record
@@ -86,6 +112,12 @@ pub trait DedupStore: Send + Sync + Debug {
     /// the pipeline then asks it directly instead of keeping recent answers of its own.
     fn lookup_cost(&self) -> LookupCost {
         LookupCost::Io
+    }
+
+    /// The store as an [`ImmediateDedupStore`] when its operations never wait; `None` (the
+    /// default) when they must be awaited.
+    fn immediate(&self) -> Option<&dyn ImmediateDedupStore> {
+        None
     }
 
     /// Records the message as handled for `ttl` from now. Re-inserting an existing record

@@ -37,7 +37,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::key::{ConsumerGroup, Partition, Topic};
 
-pub use dedup::{DedupRecord, DedupStore, LookupCost};
+pub use dedup::{DedupRecord, DedupStore, ImmediateDedupStore, LookupCost};
 pub use defer::{DeferStore, DeferredMessage, DeferredTimer};
 pub use published::{PublishedScope, PublishedStateView};
 pub use state::{

@@ -5,6 +5,7 @@
 //!
 //! A store that answers from the process's own memory ([`LookupCost::InProcess`]) is asked
 //! directly, without the in-memory tier: remembering its answers would cost as much as asking.
+//! A store that never waits ([`DedupStore::immediate`]) is called without a future.
 //!
 //! The in-memory tier is two generations of a set rather than a general cache (moka was
 //! measured at several percent of the consumer's CPU here): every handled record is inserted
@@ -211,7 +212,11 @@ impl<S: Service> Service for Dedup<S> {
         };
         let scope =
             PartitionScope::new(self.group.clone(), message.topic.clone(), message.partition);
-        match self.store.contains(&scope, &record).await {
+        let seen = match self.store.immediate() {
+            Some(store) => store.contains_now(&scope, &record),
+            None => self.store.contains(&scope, &record).await,
+        };
+        match seen {
             Ok(true) => {
                 debug!(key = %message.key, id = record.id(), offset = message.offset.0,
                     "duplicate skipped (store)");
@@ -224,7 +229,11 @@ impl<S: Service> Service for Dedup<S> {
         }
         let verdict = self.inner.call(task).await;
         if verdict.is_ok() {
-            if let Err(error) = self.store.insert(&scope, &record, self.ttl).await {
+            let recorded = match self.store.immediate() {
+                Some(store) => store.insert_now(&scope, &record, self.ttl),
+                None => self.store.insert(&scope, &record, self.ttl).await,
+            };
+            if let Err(error) = recorded {
                 warn!(key = %message.key, id = record.id(), %error,
                     "cannot record the message as handled: a redelivery would handle it again");
             }
@@ -242,6 +251,7 @@ mod tests {
     use async_trait::async_trait;
     use parking_lot::Mutex;
     use prosody_api::StorageError;
+    use prosody_api::storage::ImmediateDedupStore;
     use serde_json::json;
     use std::collections::HashSet;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -272,6 +282,31 @@ mod tests {
         }
     }
 
+    impl ImmediateDedupStore for MemoryDedupStore {
+        fn insert_now(
+            &self,
+            scope: &PartitionScope,
+            record: &DedupRecord,
+            _: Ttl,
+        ) -> Result<(), StorageError> {
+            self.records.lock().insert((scope.clone(), record.clone()));
+            Ok(())
+        }
+
+        fn contains_now(
+            &self,
+            scope: &PartitionScope,
+            record: &DedupRecord,
+        ) -> Result<bool, StorageError> {
+            self.lookups.fetch_add(1, Ordering::SeqCst);
+            Ok(self
+                .records
+                .lock()
+                .contains(&(scope.clone(), record.clone())))
+        }
+    }
+
+    /// In process, it also answers immediately, so the layer's tests cover both call paths.
     #[async_trait]
     impl DedupStore for MemoryDedupStore {
         fn lookup_cost(&self) -> LookupCost {
@@ -282,14 +317,17 @@ mod tests {
             }
         }
 
+        fn immediate(&self) -> Option<&dyn ImmediateDedupStore> {
+            self.in_process.then_some(self as &dyn ImmediateDedupStore)
+        }
+
         async fn insert(
             &self,
             scope: &PartitionScope,
             record: &DedupRecord,
-            _: Ttl,
+            ttl: Ttl,
         ) -> Result<(), StorageError> {
-            self.records.lock().insert((scope.clone(), record.clone()));
-            Ok(())
+            self.insert_now(scope, record, ttl)
         }
 
         async fn contains(
@@ -297,11 +335,7 @@ mod tests {
             scope: &PartitionScope,
             record: &DedupRecord,
         ) -> Result<bool, StorageError> {
-            self.lookups.fetch_add(1, Ordering::SeqCst);
-            Ok(self
-                .records
-                .lock()
-                .contains(&(scope.clone(), record.clone())))
+            self.contains_now(scope, record)
         }
     }
 
@@ -350,11 +384,21 @@ mod tests {
         assert!(!expired.contains(1));
     }
 
+    /// A store answering through futures, and one answering immediately.
+    fn both_kinds_of_store() -> [MemoryDedupStore; 2] {
+        [MemoryDedupStore::default(), MemoryDedupStore::in_process()]
+    }
+
     #[tokio::test]
     async fn same_key_and_id_once_other_key_or_version_again() {
-        let store = MemoryDedupStore::default();
+        for store in both_kinds_of_store() {
+            same_key_and_id_once_other_key_or_version_again_with(&store).await;
+        }
+    }
+
+    async fn same_key_and_id_once_other_key_or_version_again_with(store: &MemoryDedupStore) {
         let calls = Calls::succeeding();
-        let dedup = layer(&store, "1", calls.clone());
+        let dedup = layer(store, "1", calls.clone());
         for (key, id) in [
             ("a", json!("x")),
             ("a", json!("x")),
@@ -365,10 +409,10 @@ mod tests {
         }
         assert_eq!(calls.count(), 3, "the second (a, x) is a duplicate");
         // A fresh layer (restart) answers from the store; a new version forgets.
-        let restarted = layer(&store, "1", calls.clone());
+        let restarted = layer(store, "1", calls.clone());
         handle(&restarted, "a", json!({"id": "x"})).await;
         assert_eq!(calls.count(), 3);
-        let bumped = layer(&store, "2", calls.clone());
+        let bumped = layer(store, "2", calls.clone());
         handle(&bumped, "a", json!({"id": "x"})).await;
         assert_eq!(calls.count(), 4);
     }
@@ -396,14 +440,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_attempt_is_not_recorded_and_payloads_without_id_always_pass() {
-        let store = MemoryDedupStore::default();
+        for store in both_kinds_of_store() {
+            a_failed_attempt_is_not_recorded_with(&store).await;
+        }
+    }
+
+    async fn a_failed_attempt_is_not_recorded_with(store: &MemoryDedupStore) {
         let failing = Calls::failing(FailureKind::Permanent);
-        let dedup = layer(&store, "1", failing.clone());
+        let dedup = layer(store, "1", failing.clone());
         let verdict = dedup.call(&task(message("a", json!({"id": "x"})))).await;
         assert!(verdict.is_err());
         assert!(store.is_empty());
         let calls = Calls::succeeding();
-        let dedup = layer(&store, "1", calls.clone());
+        let dedup = layer(store, "1", calls.clone());
         for _ in 0..2 {
             handle(&dedup, "a", json!({"id": "x"})).await;
             handle(&dedup, "a", json!({"no": "id"})).await;

@@ -44,7 +44,7 @@ impl Statements {
     }
 }
 
-fn identity(scope: &PartitionScope, record: &DedupRecord) -> Vec<CqlValue> {
+fn identity(scope: &PartitionScope, record: &DedupRecord<'_>) -> Vec<CqlValue> {
     vec![
         CqlValue::Text(scope.group.as_str().to_owned()),
         CqlValue::Text(scope.topic.as_str().to_owned()),
@@ -60,7 +60,7 @@ impl DedupStore for CassandraStore {
     async fn insert(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
         ttl: Ttl,
     ) -> Result<(), StorageError> {
         let now = self.clock.now();
@@ -79,7 +79,7 @@ impl DedupStore for CassandraStore {
     async fn contains(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
     ) -> Result<bool, StorageError> {
         let rows: Vec<(Option<i64>,)> = self
             .shared

@@ -82,7 +82,7 @@ impl ImmediateDedupStore for MemoryDedupStore {
     fn insert_now(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
         ttl: Ttl,
     ) -> Result<(), StorageError> {
         let now = self.clock.now();
@@ -106,7 +106,7 @@ impl ImmediateDedupStore for MemoryDedupStore {
     fn contains_now(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
     ) -> Result<bool, StorageError> {
         // The clock is read only for a record that is there: most lookups miss.
         Ok(self
@@ -132,7 +132,7 @@ impl DedupStore for MemoryDedupStore {
     async fn insert(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
         ttl: Ttl,
     ) -> Result<(), StorageError> {
         self.insert_now(scope, record, ttl)
@@ -141,7 +141,7 @@ impl DedupStore for MemoryDedupStore {
     async fn contains(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
     ) -> Result<bool, StorageError> {
         self.contains_now(scope, record)
     }

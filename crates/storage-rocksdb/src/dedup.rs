@@ -19,7 +19,7 @@ impl DedupStore for RocksStore {
     async fn insert(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
         ttl: Ttl,
     ) -> Result<(), StorageError> {
         const OPERATION: &str = "dedup.insert";
@@ -40,7 +40,7 @@ impl DedupStore for RocksStore {
     async fn contains(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
     ) -> Result<bool, StorageError> {
         const OPERATION: &str = "dedup.contains";
         let inner = &self.inner;

@@ -52,7 +52,7 @@ fn t(secs: u64) -> TimerTime {
     TimerTime::from_secs(secs)
 }
 
-fn dedup_record() -> DedupRecord {
+fn dedup_record() -> DedupRecord<'static> {
     DedupRecord::new("k1", "message-id", "1")
 }
 

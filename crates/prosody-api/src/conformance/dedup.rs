@@ -24,11 +24,15 @@ fn ttl(secs: u32) -> Ttl {
     Ttl::from_secs(secs).expect("a positive TTL")
 }
 
-fn record(key: &str, id: &str, version: &str) -> DedupRecord {
+fn record<'a>(key: &str, id: &'a str, version: &str) -> DedupRecord<'a> {
     DedupRecord::new(key, id, version)
 }
 
-async fn contains(store: &dyn DedupStore, scope: &PartitionScope, record: &DedupRecord) -> bool {
+async fn contains(
+    store: &dyn DedupStore,
+    scope: &PartitionScope,
+    record: &DedupRecord<'_>,
+) -> bool {
     store.contains(scope, record).await.expect("contains")
 }
 

@@ -1,5 +1,6 @@
 //! Durable deduplication records.
 
+use std::borrow::Cow;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -14,27 +15,44 @@ use crate::key::Key;
 /// `idempotenceVersion`. Bumping the version makes every earlier record irrelevant.
 ///
 /// Built once per message and read by several parties (the pipeline's recent set, the store),
-/// so it carries its [`fingerprint`](Self::fingerprint), computed once at construction.
+/// so it carries its [`fingerprint`](Self::fingerprint), computed once at construction. The
+/// `id` may be borrowed (from the message's payload, for as long as the message is handled), so
+/// building one per message costs no copy of it; [`DedupRecord::into_owned`] detaches it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DedupRecord {
+pub struct DedupRecord<'a> {
     key: Key,
-    id: String,
+    id: Cow<'a, str>,
     /// Shared: it is the same for every record a subscription makes, and a copy per handled
     /// message was an allocation on the hot path.
     version: Arc<str>,
     fingerprint: u128,
 }
 
-impl DedupRecord {
+impl<'a> DedupRecord<'a> {
     /// A record from its parts.
-    pub fn new(key: impl Into<Key>, id: impl Into<String>, version: impl Into<Arc<str>>) -> Self {
+    pub fn new(
+        key: impl Into<Key>,
+        id: impl Into<Cow<'a, str>>,
+        version: impl Into<Arc<str>>,
+    ) -> Self {
         let (key, id, version) = (key.into(), id.into(), version.into());
-        let fingerprint = Digester::shared().digest((key.as_str(), id.as_str(), &*version));
+        let fingerprint = Digester::shared().digest((key.as_str(), &*id, &*version));
         Self {
             key,
             id,
             version,
             fingerprint,
+        }
+    }
+
+    /// The same record owning its `id`, to keep beyond the message it was built from.
+    #[must_use]
+    pub fn into_owned(self) -> DedupRecord<'static> {
+        DedupRecord {
+            key: self.key,
+            id: Cow::Owned(self.id.into_owned()),
+            version: self.version,
+            fingerprint: self.fingerprint,
         }
     }
 
@@ -87,7 +105,7 @@ pub trait ImmediateDedupStore: Send + Sync {
     fn insert_now(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
         ttl: Ttl,
     ) -> Result<(), StorageError>;
 
@@ -98,7 +116,7 @@ pub trait ImmediateDedupStore: Send + Sync {
     fn contains_now(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
     ) -> Result<bool, StorageError>;
 }
 
@@ -125,7 +143,7 @@ pub trait DedupStore: Send + Sync + Debug {
     async fn insert(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
         ttl: Ttl,
     ) -> Result<(), StorageError>;
 
@@ -134,6 +152,6 @@ pub trait DedupStore: Send + Sync + Debug {
     async fn contains(
         &self,
         scope: &PartitionScope,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
     ) -> Result<bool, StorageError>;
 }

@@ -141,7 +141,7 @@ impl RecentSet {
         &self,
         topic: &Topic,
         partition: Partition,
-        record: &DedupRecord,
+        record: &DedupRecord<'_>,
     ) -> (CacheKey, bool) {
         let mut inner = self.inner.lock();
         let place = *inner
@@ -193,7 +193,7 @@ impl<S: Service> Service for Dedup<S> {
         let Some((message, id)) = payload_id(&task.event) else {
             return self.inner.call(task).await;
         };
-        let record = DedupRecord::new(message.key.clone(), id.to_owned(), self.version.clone());
+        let record = DedupRecord::new(message.key.clone(), id, self.version.clone());
         // The recent set and the record's key in it, when there is one to remember it in.
         let mut recent = None;
         if let Some(cache) = &self.cache {
@@ -260,7 +260,7 @@ mod tests {
     /// counts lookups and says it does I/O unless built [`MemoryDedupStore::in_process`].
     #[derive(Clone, Debug, Default)]
     struct MemoryDedupStore {
-        records: Arc<Mutex<HashSet<(PartitionScope, DedupRecord)>>>,
+        records: Arc<Mutex<HashSet<(PartitionScope, DedupRecord<'static>)>>>,
         lookups: Arc<AtomicUsize>,
         in_process: bool,
     }
@@ -286,23 +286,25 @@ mod tests {
         fn insert_now(
             &self,
             scope: &PartitionScope,
-            record: &DedupRecord,
+            record: &DedupRecord<'_>,
             _: Ttl,
         ) -> Result<(), StorageError> {
-            self.records.lock().insert((scope.clone(), record.clone()));
+            self.records
+                .lock()
+                .insert((scope.clone(), record.clone().into_owned()));
             Ok(())
         }
 
         fn contains_now(
             &self,
             scope: &PartitionScope,
-            record: &DedupRecord,
+            record: &DedupRecord<'_>,
         ) -> Result<bool, StorageError> {
             self.lookups.fetch_add(1, Ordering::SeqCst);
             Ok(self
                 .records
                 .lock()
-                .contains(&(scope.clone(), record.clone())))
+                .contains(&(scope.clone(), record.clone().into_owned())))
         }
     }
 
@@ -324,7 +326,7 @@ mod tests {
         async fn insert(
             &self,
             scope: &PartitionScope,
-            record: &DedupRecord,
+            record: &DedupRecord<'_>,
             ttl: Ttl,
         ) -> Result<(), StorageError> {
             self.insert_now(scope, record, ttl)
@@ -333,7 +335,7 @@ mod tests {
         async fn contains(
             &self,
             scope: &PartitionScope,
-            record: &DedupRecord,
+            record: &DedupRecord<'_>,
         ) -> Result<bool, StorageError> {
             self.contains_now(scope, record)
         }

@@ -121,7 +121,7 @@ pub mod defer {
 }
 
 /// The key of a dedup record.
-pub fn dedup(scope: &PartitionScope, record: &DedupRecord) -> KeyBuf {
+pub fn dedup(scope: &PartitionScope, record: &DedupRecord<'_>) -> KeyBuf {
     partition(scope)
         .str(record.key().as_str())
         .str(record.id())

@@ -212,7 +212,9 @@ impl<S: Service> Service for Dedup<S> {
         };
         let scope =
             PartitionScope::new(self.group.clone(), message.topic.clone(), message.partition);
-        let seen = match self.store.immediate() {
+        // Asked once: the same store answers the lookup and, after success, the insert.
+        let immediate = self.store.immediate();
+        let seen = match immediate {
             Some(store) => store.contains_now(&scope, &record),
             None => self.store.contains(&scope, &record).await,
         };
@@ -229,7 +231,7 @@ impl<S: Service> Service for Dedup<S> {
         }
         let verdict = self.inner.call(task).await;
         if verdict.is_ok() {
-            let recorded = match self.store.immediate() {
+            let recorded = match immediate {
                 Some(store) => store.insert_now(&scope, &record, self.ttl),
                 None => self.store.insert(&scope, &record, self.ttl).await,
             };

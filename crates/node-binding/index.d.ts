@@ -360,6 +360,7 @@ export interface Configuration {
   maxUncommitted?: number;
   timeoutMs?: Duration;
   commitIntervalMs?: Duration;
+  /** How often Kafka is polled; also the longest a broker holds a fetch for new records (at most 500 ms). */
   pollIntervalMs?: Duration;
   shutdownTimeoutMs?: Duration;
   stallThresholdMs?: Duration;

@@ -56,7 +56,7 @@ pub struct ClientOptions {
     /// Commit offsets this often.
     #[serde(default, deserialize_with = "value::opt_millis")]
     pub commit_interval_ms: Option<Duration>,
-    /// Poll Kafka this often.
+    /// Poll Kafka this often; also the longest a broker holds a fetch for new records.
     #[serde(default, deserialize_with = "value::opt_millis")]
     pub poll_interval_ms: Option<Duration>,
     /// Budget for in-flight work at shutdown and revocation.

@@ -82,7 +82,8 @@ pub struct ConsumerConfig {
     pub timeout: Duration,
     /// Offsets are committed this often (> 0).
     pub commit_interval: Duration,
-    /// Kafka is polled this often (> 0).
+    /// Kafka is polled this often (> 0); also the longest a broker holds a fetch for new
+    /// records (`fetch.wait.max.ms`, at most 500 ms).
     pub poll_interval: Duration,
     /// Budget for in-flight work at shutdown and revocation; zero cancels at once.
     pub shutdown_timeout: Duration,

@@ -16,7 +16,8 @@
 //! never overlap while handlers of different keys are all pending on the event loop at once.
 //!
 //! While waiting, the attempt's future also serves the context requests the handler makes (see
-//! [`crate::context`]) and watches for cancellation: when the pipeline cancels the attempt
+//! [`crate::context`]) and, once the attempt has lasted long enough to be nudged (see
+//! [`crate::context::WATCH_AFTER`]), watches for cancellation: when the pipeline cancels the attempt
 //! (timeout, revocation, shutdown) it flags `context.shouldCancel` and asks JavaScript, through a
 //! second (weak) threadsafe function, to abort the handler's `AbortSignal`.
 
@@ -34,12 +35,13 @@ use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use parking_lot::Mutex;
 use prosody::api::{
-    ClassifyError, ErrorClass, EventContext, EventHandler, ExciseMessage, Message, Timer,
+    ClassifyError, ErrorClass, EventContext, EventHandler, ExciseMessage, Key, Message, Offset,
+    Partition, Timer, Timestamp, Topic,
 };
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::context::{Attempt, complete};
+use crate::encode::{ArrayWriter, write_array};
 
 /// What kind of event a batch entry carries (its first element).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,34 +150,19 @@ impl Batch {
 thread_local! {
     /// Where a worker encodes an event before appending it to the batch, so the batch lock is
     /// held only for a copy and no buffer is allocated per event.
-    static ENCODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static ENCODED: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-/// Encodes `event` (a tuple, so a JSON array) with the thread's scratch buffer, appends
-/// `payload` (JSON text) as the array's last element when there is one, and hands the text to
-/// `queue`. A message's payload goes in as the text it arrived as: it is never parsed in Rust
-/// nor encoded again, only once by `JSON.parse` in JavaScript.
+/// Encodes an event, the JSON array `elements` writes, with the thread's scratch buffer and
+/// hands the text to `queue`. A message's payload goes in as the text it arrived as: it is
+/// never parsed in Rust nor encoded again, only once by `JSON.parse` in JavaScript.
 fn with_encoded<R>(
-    event: &impl Serialize,
-    payload: Option<&str>,
+    elements: impl FnOnce(&mut ArrayWriter<'_>),
     queue: impl FnOnce(&str) -> R,
-) -> serde_json::Result<R> {
+) -> R {
     ENCODED.with_borrow_mut(|buffer| {
-        buffer.clear();
-        serde_json::to_writer(&mut *buffer, event)?;
-        if let Some(payload) = payload {
-            if buffer.pop() != Some(b']') {
-                return Err(serde::ser::Error::custom(
-                    "an event must encode as a JSON array",
-                ));
-            }
-            buffer.push(b',');
-            buffer.extend_from_slice(payload.as_bytes());
-            buffer.push(b']');
-        }
-        // serde_json writes UTF-8 only; the check is a fast pass over ~100 bytes.
-        let text = std::str::from_utf8(buffer).map_err(serde::ser::Error::custom)?;
-        Ok(queue(text))
+        write_array(buffer, elements);
+        queue(buffer)
     })
 }
 
@@ -304,32 +291,28 @@ impl JsHandler {
         Self { bridge }
     }
 
-    /// Runs the event `event(attempt id)` encodes, followed by `payload` when there is one
-    /// (see [`with_encoded`]), in JavaScript and waits for its promise.
-    async fn run<E: Serialize>(
+    /// Runs the event `event` writes (given the attempt id) in JavaScript and waits for its
+    /// promise.
+    async fn run(
         &self,
         context: &dyn EventContext,
-        payload: Option<&str>,
-        event: impl FnOnce(u32) -> E,
+        event: impl FnOnce(&mut ArrayWriter<'_>, u32),
     ) -> Result<Value, JsHandlerError> {
         let attempt = Attempt::open(context.owned_state());
         let id = attempt.id();
         let abort = self.bridge.abort_fn();
-        let queued = with_encoded(&event(id), payload, |text| self.bridge.enqueue(id, text))
-            .map_err(|error| {
-                JsHandlerError::new(
-                    format!("the event cannot be encoded for JavaScript: {error}"),
-                    ErrorClass::Permanent,
-                )
-            })?;
+        let queued = with_encoded(
+            |array| event(array, id),
+            |text| self.bridge.enqueue(id, text),
+        );
         if !queued {
             return Err(JsHandlerError::new(
                 "the JavaScript handler was released (unsubscribed or shut down)",
                 ErrorClass::Transient,
             ));
         }
-        let cancelled = context.cancelled();
-        tokio::pin!(cancelled);
+        // Armed once the attempt is nudged (see `crate::context`): most settle before that.
+        let mut cancelled = None;
         let mut cancel_seen = false;
         // Created on the first context request: most handlers make none, and an empty
         // `FuturesUnordered` still costs two allocations per event.
@@ -340,6 +323,9 @@ impl JsHandler {
             tokio::pin!(arrival);
             arrival.as_mut().enable();
             let arrived = attempt.take();
+            if arrived.watch_cancellation && cancelled.is_none() {
+                cancelled = Some(context.cancelled());
+            }
             for request in arrived.requests {
                 serving
                     .get_or_insert_with(FuturesUnordered::new)
@@ -357,7 +343,12 @@ impl JsHandler {
                         None => None,
                     }
                 }, if serving.as_ref().is_some_and(|serving: &FuturesUnordered<_>| !serving.is_empty()) => {}
-                () = &mut cancelled, if !cancel_seen => {
+                () = async {
+                    match cancelled.as_mut() {
+                        Some(cancelled) => cancelled.await,
+                        None => std::future::pending().await,
+                    }
+                }, if cancelled.is_some() && !cancel_seen => {
                     cancel_seen = true;
                     attempt.mark_cancelled();
                     if let Some(abort) = &abort {
@@ -396,6 +387,35 @@ fn reply_to_result(reply: HandlerReply) -> Result<Value, JsHandlerError> {
     }
 }
 
+/// Where a record came from: key, topic, partition, offset and timestamp.
+type RecordPlace<'a> = (&'a Key, &'a Topic, Partition, Offset, Timestamp);
+
+/// The [`RecordPlace`] of a message or an excise (two types with the same fields).
+macro_rules! place {
+    ($record:expr) => {
+        (
+            &$record.key,
+            &$record.topic,
+            $record.partition,
+            $record.offset,
+            $record.timestamp,
+        )
+    };
+}
+
+/// Writes the elements a message and an excise share: kind, attempt id, then the record's
+/// key, topic, partition, offset and timestamp (milliseconds).
+fn write_record(array: &mut ArrayWriter<'_>, kind: EventKind, id: u32, place: RecordPlace<'_>) {
+    let (key, topic, partition, offset, timestamp) = place;
+    array.integer(kind as u8);
+    array.integer(id);
+    array.string(key.as_str());
+    array.string(topic.as_str());
+    array.integer(partition.0);
+    array.integer(offset.0);
+    array.integer(timestamp.as_millis());
+}
+
 #[async_trait]
 impl EventHandler for JsHandler {
     type Error = JsHandlerError;
@@ -405,16 +425,9 @@ impl EventHandler for JsHandler {
         context: &dyn EventContext,
         message: &Message,
     ) -> Result<Value, JsHandlerError> {
-        self.run(context, Some(message.payload.json()), |id| {
-            (
-                EventKind::Message as u8,
-                id,
-                message.key.as_str(),
-                message.topic.as_str(),
-                message.partition.0,
-                message.offset.0,
-                message.timestamp.as_millis(),
-            )
+        self.run(context, |array, id| {
+            write_record(array, EventKind::Message, id, place!(message));
+            array.json(message.payload.json());
         })
         .await
     }
@@ -424,16 +437,8 @@ impl EventHandler for JsHandler {
         context: &dyn EventContext,
         message: &ExciseMessage,
     ) -> Result<Value, JsHandlerError> {
-        self.run(context, None, |id| {
-            (
-                EventKind::Excise as u8,
-                id,
-                message.key.as_str(),
-                message.topic.as_str(),
-                message.partition.0,
-                message.offset.0,
-                message.timestamp.as_millis(),
-            )
+        self.run(context, |array, id| {
+            write_record(array, EventKind::Excise, id, place!(message));
         })
         .await
     }
@@ -444,8 +449,11 @@ impl EventHandler for JsHandler {
         timer: &Timer,
     ) -> Result<(), JsHandlerError> {
         let millis = timer.time.as_secs().saturating_mul(1000);
-        self.run(context, None, |id| {
-            (EventKind::Timer as u8, id, timer.key.as_str(), millis)
+        self.run(context, |array, id| {
+            array.integer(EventKind::Timer as u8);
+            array.integer(id);
+            array.string(timer.key.as_str());
+            array.integer(millis);
         })
         .await
         .map(drop)

@@ -9,6 +9,7 @@
 //!   the JSON text of the options object, parsed by [`prosody::ClientOptions::from_json_value`].
 //! - [`handler`]: the [`prosody::api::EventHandler`] that calls the JavaScript handler through
 //!   a threadsafe function and awaits the promise it returns.
+//! - [`encode`]: the JSON text of an event as JavaScript receives it.
 //! - [`context`]: the per-event context requests JavaScript sends back while its handler runs
 //!   (timers) and the attempt's keyed-state binder.
 //! - [`state`]: keyed-state handles (`context.state()`) and their lazy, chunked scans.
@@ -26,6 +27,7 @@ pub mod admin;
 pub mod cancel;
 pub mod client;
 pub mod context;
+pub mod encode;
 pub mod errors;
 pub mod handler;
 pub mod logging;

@@ -183,13 +183,16 @@ test("every handler that can reach its third argument gets an AbortSignal", asyn
 test("timeoutMs aborts the handler's signal", async () => {
   await withClient({ timeoutMs: 300, stallThresholdMs: 60000 }, async (client) => {
     let outcome;
+    let waited;
     const handler = recorder({
       async onMessage(context, message, signal) {
         if (outcome) return null;
+        const began = Date.now();
         outcome = await Promise.race([
           new Promise((resolve) => signal.addEventListener("abort", () => resolve("aborted"))),
           sleep(3000).then(() => "not aborted"),
         ]);
+        waited = Date.now() - began;
         return null;
       },
     });
@@ -197,6 +200,8 @@ test("timeoutMs aborts the handler's signal", async () => {
     await client.send("events", "slow", {});
     await waitFor("the handler outcome", () => outcome, 10000);
     assert.equal(outcome, "aborted");
+    // Not before the deadline (which starts just before the handler does).
+    assert.ok(waited >= 250, `aborted after ${waited} ms`);
   });
 });
 

@@ -1,9 +1,9 @@
 //! Cost of one admission grant under contention: the fair scheduler against a plain semaphore
 //! (first come, first served), the engine's default and the reference the scheduler is held to.
 //!
-//! 128 workers on a two-thread runtime each acquire and release a permit 2,000 times over
-//! 10,000 keys with `maxConcurrency` 32, yielding between grants, so most acquisitions queue and
-//! every release hands its slot to a waiter (the scheduler's expensive path). The subjects
+//! 128 workers on a two-thread runtime each admit (as the engine does) and release a permit
+//! 2,000 times over 10,000 keys with `maxConcurrency` 32, yielding between grants, so most
+//! admissions queue and every release hands its slot to a waiter (the scheduler's expensive path). The subjects
 //! alternate over several rounds and the summary prints each median per grant and their ratio.
 //!
 //! Run: `cargo bench -p prosody-pipeline --bench scheduler [-- ROUNDS]` (default 5 rounds).
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prosody_api::Key;
-use prosody_pipeline::consumer::{Admission, SemaphoreAdmission, TaskClass};
+use prosody_pipeline::consumer::{Admission, SemaphoreAdmission, TaskClass, admit};
 use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
 
 const WORKERS: usize = 128;
@@ -36,7 +36,7 @@ async fn churn(admission: Arc<dyn Admission>) -> Duration {
             tokio::spawn(async move {
                 for round in 0..GRANTS_PER_WORKER {
                     let key = &keys[(worker * 7 + round) % KEYS];
-                    drop(admission.acquire(key, TaskClass::Normal).await);
+                    drop(admit(&*admission, key, TaskClass::Normal).await);
                     tokio::task::yield_now().await;
                 }
             })

@@ -46,7 +46,7 @@ use prosody_api::Key;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::consumer::{Admission, ChargeRunTime, Permit, TaskClass, TimedGrant};
+use crate::consumer::{Admission, ChargeRunTime, Permit, Request, TaskClass, TimedGrant, admit};
 use crate::hashing::{TagMap, forget_any};
 
 /// The scheduler's settings (FEATURES.md section 2).
@@ -422,13 +422,22 @@ impl Shared {
 #[async_trait]
 impl Admission for FairScheduler {
     async fn acquire(&self, key: &Key, class: TaskClass) -> Permit {
+        admit(self, key, class).await
+    }
+
+    fn try_acquire(&self, key: &Key, class: TaskClass) -> Option<Permit> {
+        let taken = self.shared.state.lock().take_free_slot();
+        taken.then(|| self.shared.permit(self.shared.tag(key), index(class)))
+    }
+
+    fn request(&self, key: &Key, class: TaskClass) -> Request {
         let class = index(class);
         let shared = &self.shared;
         let tag = shared.tag(key);
         let (receiver, unwanted) = {
             let mut state = shared.state.lock();
             if state.take_free_slot() {
-                return shared.permit(tag, class);
+                return Request::Granted(shared.permit(tag, class));
             }
             let vt = state.vt(class, tag);
             let (grant, receiver) = oneshot::channel();
@@ -449,17 +458,7 @@ impl Admission for FairScheduler {
             (receiver, unwanted)
         };
         drop(unwanted);
-        match receiver.await {
-            Ok(permit) => permit,
-            // The sender lives in the queue until it is used, and the queue lives as long as
-            // this scheduler, which `self` keeps alive.
-            Err(_) => std::future::pending().await,
-        }
-    }
-
-    fn try_acquire(&self, key: &Key, class: TaskClass) -> Option<Permit> {
-        let taken = self.shared.state.lock().take_free_slot();
-        taken.then(|| self.shared.permit(self.shared.tag(key), index(class)))
+        Request::Queued(receiver)
     }
 }
 

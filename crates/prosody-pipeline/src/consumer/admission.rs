@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use prosody_api::Key;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 // Tokio's clock, so tests that pause time see the run times they advance.
 use tokio::time::Instant;
 
@@ -41,14 +41,41 @@ pub trait Admission: Send + Sync + 'static {
         let _ = (key, class);
         None
     }
+
+    /// Asks for a permit for `key` in `class` without waiting: granted at once, queued with
+    /// the permit to arrive on a channel, or (the default, after [`Self::try_acquire`] found
+    /// none) left to [`Self::acquire`]. An admission that queues requests itself answers
+    /// [`Request::Queued`], so a waiting admission costs one decision and no boxed future.
+    /// Dropping the receiver withdraws the request.
+    fn request(&self, key: &Key, class: TaskClass) -> Request {
+        self.try_acquire(key, class)
+            .map_or(Request::Acquire, Request::Granted)
+    }
 }
 
-/// A permit for `key` in `class`: at once when [`Admission::try_acquire`] grants one, else by
-/// waiting in [`Admission::acquire`].
+/// What [`Admission::request`] decided.
+#[derive(Debug)]
+pub enum Request {
+    /// A permit, at once.
+    Granted(Permit),
+    /// The request waits in the admission's queue; the permit arrives here.
+    Queued(oneshot::Receiver<Permit>),
+    /// Wait in [`Admission::acquire`].
+    Acquire,
+}
+
+/// A permit for `key` in `class`: at once when one is free, else by waiting as
+/// [`Admission::request`] directs.
 pub async fn admit<A: Admission + ?Sized>(admission: &A, key: &Key, class: TaskClass) -> Permit {
-    match admission.try_acquire(key, class) {
-        Some(permit) => permit,
-        None => admission.acquire(key, class).await,
+    match admission.request(key, class) {
+        Request::Granted(permit) => permit,
+        Request::Queued(receiver) => match receiver.await {
+            Ok(permit) => permit,
+            // An admission keeps a queued request's sender until it grants it, and the
+            // caller's reference keeps the admission alive.
+            Err(_) => std::future::pending().await,
+        },
+        Request::Acquire => admission.acquire(key, class).await,
     }
 }
 
@@ -147,6 +174,19 @@ impl PermitSlot {
         Self(Arc::new(Mutex::new(Some(permit))))
     }
 
+    /// Holds `permit` (dropping any permit already held). The slot's allocation is reused when
+    /// no clone of it is left, so a runner refilling its slot per event allocates none; a clone
+    /// still out there (a dispatch that kept one) gets this slot's old contents to itself.
+    pub fn hold(&mut self, permit: Permit) {
+        match Arc::get_mut(&mut self.0) {
+            Some(slot) => {
+                let previous = slot.get_mut().replace(permit);
+                drop(previous);
+            }
+            None => *self = Self::holding(permit),
+        }
+    }
+
     /// Takes the permit out, if the slot holds one.
     #[must_use]
     pub fn take(&self) -> Option<Permit> {
@@ -226,6 +266,36 @@ mod tests {
         assert!(!slot.is_held());
         drop(permit);
         let _again = admission.acquire(&key, TaskClass::Retry).await;
+    }
+
+    #[test]
+    fn a_slot_is_refilled_in_place_unless_a_clone_is_out() {
+        let admission = SemaphoreAdmission::new(3);
+        let key = Key::from("k");
+        let permit = || {
+            admission
+                .try_acquire(&key, TaskClass::Normal)
+                .expect("a free permit")
+        };
+        let mut slot = PermitSlot::default();
+        slot.hold(permit());
+        let first = Arc::as_ptr(&slot.0);
+        drop(slot.take());
+        slot.hold(permit());
+        assert_eq!(Arc::as_ptr(&slot.0), first, "reused");
+        assert_eq!(admission.0.available_permits(), 2, "one held");
+        let kept = slot.clone();
+        slot.hold(permit());
+        assert_ne!(
+            Arc::as_ptr(&slot.0),
+            first,
+            "a new slot while a clone is out"
+        );
+        assert!(kept.is_held(), "the clone keeps what it had");
+        assert_eq!(admission.0.available_permits(), 1);
+        drop(kept.take());
+        drop(slot.take());
+        assert_eq!(admission.0.available_permits(), 3);
     }
 
     #[tokio::test]

@@ -535,10 +535,11 @@ impl Engine {
     /// runner, until the assignment ends.
     async fn run_key(self, slot: Arc<Slot>, mut key: Key) {
         let partition = &slot.partition;
+        // One slot for all of the runner's events, refilled per event (see `PermitSlot::hold`).
+        let mut permit = PermitSlot::default();
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
-            let permit =
-                PermitSlot::holding(admit(&*self.inner.admission, &key, TaskClass::Normal).await);
+            permit.hold(admit(&*self.inner.admission, &key, TaskClass::Normal).await);
             let taken = {
                 let mut work = slot.work.lock();
                 match work.next_for(&key) {
@@ -551,7 +552,7 @@ impl Engine {
             let (event, cancel) = match taken {
                 Ok(taken) => taken,
                 Err(next) => {
-                    drop(permit);
+                    drop(permit.take());
                     let Some(next) = following(&slot, next, key).await else {
                         return;
                     };
@@ -582,7 +583,7 @@ impl Engine {
                 debug!(%partition, %key, time = %fired.timer.time, "fired timer was removed: skipped");
                 timers.finished(fired, true);
                 let next = self.finish(&slot, &key, None);
-                drop(permit);
+                drop(permit.take());
                 let Some(next) = following(&slot, next, key).await else {
                     return;
                 };
@@ -610,7 +611,7 @@ impl Engine {
             let next = self.finish(&slot, &key, offset.filter(|_| completed));
             // Released only after the finish is recorded, so the engine never counts more
             // running events than there are permits (unless the dispatch gave it back).
-            drop(permit);
+            drop(permit.take());
             // Decided under the lock with the finish: asking for a permit first only to find
             // the queue empty cost a whole admission (and the fair scheduler's bookkeeping) per
             // event, since most keys have one event queued at a time.

@@ -11,7 +11,8 @@ pub mod wakeup;
 pub mod work;
 
 pub use admission::{
-    Admission, ChargeRunTime, Permit, PermitSlot, SemaphoreAdmission, TaskClass, TimedGrant, admit,
+    Admission, ChargeRunTime, Permit, PermitSlot, Request, SemaphoreAdmission, TaskClass,
+    TimedGrant, admit,
 };
 pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome, RevocationHook};
 pub use topic_partition::TopicPartition;

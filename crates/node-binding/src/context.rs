@@ -13,13 +13,13 @@
 //! An attempt watches for its cancellation (timeout, revocation, shutdown) only once it has
 //! lasted a while. Arming the watch (a timer for the deadline and a waiter on the partition's
 //! cancellation token) and dropping it cost about 1,300 instructions, of the ~20,000 the Rust
-//! side spends on a JavaScript event, and most JavaScript handlers settle within a round trip of a millisecond or two. So
-//! one process-wide ticker, running while attempts are live, counts their age every
-//! [`WATCH_AFTER`] and nudges those live for a whole period through their inbox; the nudged
-//! attempt then arms the watch, which fires at once if the deadline already passed. A handler
-//! therefore sees its `AbortSignal` at most two periods after the cancellation. The ticker is
-//! a thread that parks while no attempt is live; if it cannot be started, attempts watch from
-//! the start.
+//! side spends on a JavaScript event, and most JavaScript handlers settle within a round trip
+//! of a millisecond or two. So one process-wide ticker, running while attempts are live,
+//! counts their age every [`WATCH_AFTER`] and nudges those live for a whole period through
+//! their inbox; the nudged attempt then arms the watch, which fires at once if the deadline
+//! already passed. A handler therefore sees its `AbortSignal` at most two periods after the
+//! cancellation. The ticker is a thread that parks while no attempt is live; if it cannot be
+//! started, attempts watch from the start.
 //!
 //! Timers are served here. Keyed state does not need the inbox: the slot also keeps the
 //! attempt's owned state binder ([`KeyedStateContext::owned_state`]), so `context.state()`

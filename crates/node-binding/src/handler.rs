@@ -17,9 +17,9 @@
 //!
 //! While waiting, the attempt's future also serves the context requests the handler makes (see
 //! [`crate::context`]) and, once the attempt has lasted long enough to be nudged (see
-//! [`crate::context::WATCH_AFTER`]), watches for cancellation: when the pipeline cancels the attempt
-//! (timeout, revocation, shutdown) it flags `context.shouldCancel` and asks JavaScript, through a
-//! second (weak) threadsafe function, to abort the handler's `AbortSignal`.
+//! [`crate::context::WATCH_AFTER`]), watches for cancellation: when the pipeline cancels the
+//! attempt (timeout, revocation, shutdown) it flags `context.shouldCancel` and asks JavaScript,
+//! through a second (weak) threadsafe function, to abort the handler's `AbortSignal`.
 
 use std::cell::RefCell;
 use std::fmt;

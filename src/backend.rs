@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use prosody_api::storage::{DedupStore, DeferStore, PublishedStateView, StateStore, TimerStore};
-use prosody_api::{SlabSize, SystemClock};
+use prosody_api::{CoarseSystemClock, SlabSize, SystemClock};
 use prosody_pipeline::consumer::Engine;
 use storage_cassandra::{CassandraStore, Password};
 use storage_memory::{MemoryDedupStore, MemoryDeferStore, MemoryStateStore, MemoryTimerStore};
@@ -217,11 +217,13 @@ fn slab_size(config: &Config) -> SlabSize {
 
 /// The memory backend's dedup store: one per process, so dedup holds across the
 /// subscriptions and clients of a process (records are scoped by group, topic and partition).
+/// Its TTL (`idempotenceTtlS`) is whole seconds, so it reads the coarse clock: the store is
+/// asked for the time on every handled message.
 fn process_dedup_store() -> Arc<dyn DedupStore> {
     static MEMORY: std::sync::OnceLock<MemoryDedupStore> = std::sync::OnceLock::new();
     Arc::new(
         MEMORY
-            .get_or_init(|| MemoryDedupStore::new(SystemClock))
+            .get_or_init(|| MemoryDedupStore::new(CoarseSystemClock))
             .clone(),
     )
 }

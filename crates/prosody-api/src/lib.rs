@@ -7,6 +7,8 @@
 //! - [`handler`], [`context`]: [`EventHandler`] and the per-event [`EventContext`].
 //! - [`error`]: [`ClassifyError`] (transient by default), [`StorageError`], [`ContextError`].
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
+//! - [`coarse_clock`]: [`CoarseInstant`], [`CoarseSystemClock`]: tick-resolution time for
+//!   bookkeeping judged in seconds.
 //! - [`storage`]: one trait per storage concern, with documented contracts.
 //! - `conformance` (feature `conformance`): the suite every storage backend runs.
 //!
@@ -25,6 +27,7 @@
 #![cfg_attr(feature = "conformance", doc = include_str!("conformance/USAGE.md"))]
 
 pub mod clock;
+pub mod coarse_clock;
 pub mod context;
 pub mod digest;
 pub mod error;
@@ -39,6 +42,7 @@ pub mod timer;
 pub mod conformance;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use coarse_clock::{CoarseInstant, CoarseSystemClock};
 pub use context::{
     Cancellation, DequeState, EventContext, KeyedStateContext, MapState, StagedCollection,
     TimerContext, ValueState,

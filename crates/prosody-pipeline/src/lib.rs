@@ -11,6 +11,7 @@ pub mod event;
 pub mod hashing;
 pub mod kafka;
 pub mod middleware;
+pub mod monotonic;
 pub mod probes;
 pub mod scheduler;
 pub mod state;

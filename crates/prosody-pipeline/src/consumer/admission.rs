@@ -85,13 +85,13 @@ pub async fn admit<A: Admission + ?Sized>(admission: &A, key: &Key, class: TaskC
 /// event, and an allocation per event showed in profiles): a semaphore permit as it is, and a
 /// [`TimedGrant`] that reports its key's run time to the admission that granted it.
 pub struct Permit {
-    _held: Held,
+    held: Held,
 }
 
-/// Each kind is held only for its `Drop`.
+/// Each kind is held for its `Drop`; a timed grant also tells when it was granted.
 enum Held {
     Semaphore { _permit: OwnedSemaphorePermit },
-    Timed { _grant: TimedGrant },
+    Timed { grant: TimedGrant },
     Other { _release: Box<dyn Send + Sync> },
 }
 
@@ -99,9 +99,19 @@ impl Permit {
     /// A permit that runs `release`'s `Drop` when it is dropped.
     pub fn new(release: impl Send + Sync + 'static) -> Self {
         Self {
-            _held: Held::Other {
+            held: Held::Other {
                 _release: Box::new(release),
             },
+        }
+    }
+
+    /// When the admission granted it, if the admission records that (the fair scheduler does,
+    /// to charge the key's run time).
+    #[must_use]
+    pub fn granted_at(&self) -> Option<Instant> {
+        match &self.held {
+            Held::Timed { grant } => Some(grant.since),
+            Held::Semaphore { .. } | Held::Other { .. } => None,
         }
     }
 }
@@ -156,7 +166,7 @@ impl Drop for TimedGrant {
 impl From<TimedGrant> for Permit {
     fn from(grant: TimedGrant) -> Self {
         Self {
-            _held: Held::Timed { _grant: grant },
+            held: Held::Timed { grant },
         }
     }
 }
@@ -197,6 +207,13 @@ impl PermitSlot {
     pub fn put(&self, permit: Permit) {
         let previous = self.0.lock().replace(permit);
         drop(previous);
+    }
+
+    /// When the permit in the slot was granted, if the slot holds one whose admission
+    /// recorded that ([`Permit::granted_at`]).
+    #[must_use]
+    pub fn granted_at(&self) -> Option<Instant> {
+        self.0.lock().as_ref().and_then(Permit::granted_at)
     }
 
     /// True when the slot holds a permit.
@@ -241,7 +258,7 @@ impl Admission for SemaphoreAdmission {
 impl From<OwnedSemaphorePermit> for Permit {
     fn from(permit: OwnedSemaphorePermit) -> Self {
         Self {
-            _held: Held::Semaphore { _permit: permit },
+            held: Held::Semaphore { _permit: permit },
         }
     }
 }
@@ -249,6 +266,30 @@ impl From<OwnedSemaphorePermit> for Permit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An owner that takes grants back and charges nothing.
+    struct Uncharged;
+
+    impl ChargeRunTime for Uncharged {
+        fn release(self: Arc<Self>, _: u64, _: TaskClass, _: Duration) {}
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_grant_tells_when_it_was_granted_a_semaphore_permit_does_not() {
+        let granted = Instant::now();
+        let timed = PermitSlot::holding(Permit::from(TimedGrant::new(
+            Arc::new(Uncharged),
+            1,
+            TaskClass::Normal,
+        )));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(timed.granted_at(), Some(granted));
+        let semaphore = SemaphoreAdmission::new(1);
+        let counted =
+            PermitSlot::holding(semaphore.acquire(&Key::from("k"), TaskClass::Normal).await);
+        assert_eq!(counted.granted_at(), None);
+        assert_eq!(PermitSlot::default().granted_at(), None);
+    }
 
     #[tokio::test]
     async fn semaphore_admission_bounds_and_slot_releases_on_drop() {

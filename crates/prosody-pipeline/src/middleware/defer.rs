@@ -46,10 +46,11 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
-use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
+use prosody_api::{
+    CoarseInstant, Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic,
+};
 use serde_json::Value;
 use tokio::sync::OnceCell;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -58,6 +59,7 @@ use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::{Event, FiredTimer};
 use crate::hashing::KeyMap;
 use crate::kafka::loader::LoadRecord;
+use crate::monotonic::{Clock, SystemClock};
 use crate::timers::{TimerWrite, Timers};
 
 /// Buckets the failure-rate window is divided in.
@@ -114,7 +116,7 @@ struct FailureRate {
 
 #[derive(Debug)]
 struct Bucket {
-    start: Instant,
+    start: CoarseInstant,
     successes: u64,
     failures: u64,
 }
@@ -129,7 +131,7 @@ impl FailureRate {
         }
     }
 
-    fn prune(&mut self, now: Instant) {
+    fn prune(&mut self, now: CoarseInstant) {
         while let Some(front) = self.buckets.front() {
             if front.start + self.width + self.window <= now {
                 self.buckets.pop_front();
@@ -139,7 +141,7 @@ impl FailureRate {
         }
     }
 
-    fn record(&mut self, now: Instant, failed: bool) {
+    fn record(&mut self, now: CoarseInstant, failed: bool) {
         self.prune(now);
         let current = match self.buckets.back_mut() {
             Some(bucket) if now < bucket.start + self.width => bucket,
@@ -162,7 +164,7 @@ impl FailureRate {
     }
 
     /// (failure rate, outcomes) in the window.
-    fn rate(&mut self, now: Instant) -> (f64, u64) {
+    fn rate(&mut self, now: CoarseInstant) -> (f64, u64) {
         self.prune(now);
         let (successes, failures) = self.buckets.iter().fold((0_u64, 0_u64), |(s, f), bucket| {
             (s + bucket.successes, f + bucket.failures)
@@ -211,6 +213,8 @@ struct StatusInner {
     threshold: f64,
     min_samples: u64,
     rate: Mutex<FailureRate>,
+    /// What the failure-rate window is judged by: a window of seconds, read per outcome.
+    clock: Arc<dyn Clock>,
     deferring: AtomicBool,
     deferred: AtomicU64,
     completed: AtomicU64,
@@ -229,12 +233,19 @@ impl DeferStatus {
     /// A gate for `settings`, deferring until failures say otherwise.
     #[must_use]
     pub fn new(settings: &DeferSettings) -> Self {
+        Self::with_clock(settings, Arc::new(SystemClock))
+    }
+
+    /// [`Self::new`] with the failure-rate window judged by `clock`.
+    #[must_use]
+    pub fn with_clock(settings: &DeferSettings, clock: Arc<dyn Clock>) -> Self {
         Self {
             inner: Arc::new(StatusInner {
                 new_failures: settings.new_failures,
                 threshold: settings.failure_threshold,
                 min_samples: settings.min_samples,
                 rate: Mutex::new(FailureRate::new(settings.failure_window)),
+                clock,
                 deferring: AtomicBool::new(settings.new_failures == NewFailures::Defer),
                 deferred: AtomicU64::new(0),
                 completed: AtomicU64::new(0),
@@ -256,7 +267,7 @@ impl DeferStatus {
             self.count(|inner| &inner.transient_failures);
         }
         let mut rate = self.inner.rate.lock();
-        rate.record(Instant::now(), failed);
+        rate.record(self.inner.clock.now(), failed);
         // A success cannot shut an open gate, so the common case skips the evaluation.
         if failed || !self.inner.deferring.load(Ordering::Relaxed) {
             self.update(&mut rate);
@@ -274,7 +285,7 @@ impl DeferStatus {
         if self.inner.new_failures == NewFailures::RetryInPlace {
             return false;
         }
-        let (failure_rate, samples) = rate.rate(Instant::now());
+        let (failure_rate, samples) = rate.rate(self.inner.clock.now());
         let deferring = samples < self.inner.min_samples || failure_rate <= self.inner.threshold;
         let was = self.inner.deferring.swap(deferring, Ordering::SeqCst);
         if was && !deferring {
@@ -301,7 +312,7 @@ impl DeferStatus {
     pub fn snapshot(&self) -> DeferSnapshot {
         let mut rate = self.inner.rate.lock();
         let deferring = self.update(&mut rate);
-        let (failure_rate, samples) = rate.rate(Instant::now());
+        let (failure_rate, samples) = rate.rate(self.inner.clock.now());
         DeferSnapshot {
             deferring,
             failure_rate,
@@ -981,6 +992,7 @@ impl<S: Service> Defer<S> {
             event: Arc::new(event),
             cancel: task.cancel.clone(),
             deadline: task.deadline,
+            started: None,
             // The first attempt failed before the work was deferred.
             attempt: retries.saturating_add(2),
             permit: task.permit.clone(),
@@ -1551,8 +1563,8 @@ mod tests {
         assert_eq!(settings.delay(u32::MAX), Duration::from_secs(10));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_gate_shuts_over_the_threshold_and_opens_when_the_window_forgets() {
+    #[test]
+    fn the_gate_shuts_over_the_threshold_and_opens_when_the_window_forgets() {
         let settings = DeferSettings {
             new_failures: NewFailures::Defer,
             base: Duration::from_secs(1),
@@ -1562,7 +1574,8 @@ mod tests {
             min_samples: 4,
             cache_size: 16,
         };
-        let status = DeferStatus::new(&settings);
+        let clock = Arc::new(crate::monotonic::ManualClock::new());
+        let status = DeferStatus::with_clock(&settings, clock.clone());
         let failed = || Err(Failure::new(FailureKind::Transient, "x", 1));
         for _ in 0..3 {
             status.record(&failed());
@@ -1584,7 +1597,7 @@ mod tests {
             status.record(&failed());
         }
         assert!(!status.is_deferring());
-        tokio::time::advance(Duration::from_secs(12)).await;
+        clock.advance(Duration::from_secs(12));
         let snapshot = status.snapshot();
         assert!(snapshot.deferring, "{snapshot:?}");
         assert_eq!((snapshot.samples, snapshot.switched_off), (0, 2));

@@ -64,6 +64,10 @@ pub struct Task {
     /// A deadline rather than a timer per attempt: nothing is registered unless the handler
     /// actually waits for cancellation.
     pub deadline: Option<Instant>,
+    /// When the attempt was admitted, if its admission recorded that (the fair scheduler
+    /// does): the layers that time the attempt start from it rather than read the clock again.
+    /// `None` where the attempt starts later than its task was made (a retry).
+    pub started: Option<Instant>,
     /// The attempt number, from 1.
     pub attempt: u32,
     /// The admission permit of the event's dispatch.
@@ -71,6 +75,12 @@ pub struct Task {
 }
 
 impl Task {
+    /// When the attempt started: [`Self::started`], else now.
+    #[must_use]
+    pub fn started(&self) -> Instant {
+        self.started.unwrap_or_else(Instant::now)
+    }
+
     /// True once the work is cancelled or the deadline has passed.
     #[must_use]
     pub fn should_cancel(&self) -> bool {

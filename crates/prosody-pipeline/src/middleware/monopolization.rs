@@ -140,8 +140,8 @@ impl<S: Service> Service for Monopolization<S> {
         let index = self
             .hasher
             .hash_one((topic.as_str(), task.event.key().as_str()));
-        // One clock read serves the window check and the start of the run.
-        let started = Instant::now();
+        // One start serves the window check and the run time.
+        let started = task.started();
         let now = self.bucket(started);
         let used = self
             .usage
@@ -213,10 +213,9 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_key_over_its_share_is_rejected_until_the_window_slides() {
-        let status = MonopolizationStatus::default();
-        let layer = Box::new(MonopolizationLayer {
+    /// Keys may use 5 s of a 10 s window; every attempt runs 2 s.
+    fn half_of_ten_seconds(status: &MonopolizationStatus) -> Monopolization<Arc<Sleeping>> {
+        Box::new(MonopolizationLayer {
             settings: MonopolizationSettings {
                 threshold: 0.5,
                 window: Duration::from_secs(10),
@@ -224,7 +223,13 @@ mod tests {
             },
             status: status.clone(),
         })
-        .wrap(Arc::new(Sleeping(Duration::from_secs(2))));
+        .wrap(Arc::new(Sleeping(Duration::from_secs(2))))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_over_its_share_is_rejected_until_the_window_slides() {
+        let status = MonopolizationStatus::default();
+        let layer = half_of_ten_seconds(&status);
         let hog = task(message("hog", json!({})));
         for _ in 0..3 {
             assert_eq!(layer.call(&hog).await, Ok(Value::Null));
@@ -239,6 +244,22 @@ mod tests {
         assert_eq!(status.rejected(), 1);
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(layer.call(&hog).await, Ok(Value::Null), "the window slid");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_time_counts_from_the_admission_when_it_is_known() {
+        let status = MonopolizationStatus::default();
+        let layer = half_of_ten_seconds(&status);
+        let mut admitted_early = task(message("k", json!({})));
+        admitted_early.started = Some(Instant::now());
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(layer.call(&admitted_early).await, Ok(Value::Null));
+        let rejected = layer
+            .call(&task(message("k", json!({}))))
+            .await
+            .expect_err("6 s of 10 s used: 4 s admitted before the handler ran, 2 s running");
+        assert_eq!(rejected.kind, FailureKind::Transient);
+        assert_eq!(status.rejected(), 1);
     }
 
     #[test]

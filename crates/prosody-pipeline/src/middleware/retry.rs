@@ -88,6 +88,7 @@ impl<S: Service> Retry<S> {
                 () = retry.cancel.cancelled() => return Err(Failure::cancelled(retry.attempt)),
             }
             retry.attempt += 1;
+            retry.started = None;
             failure = match self.inner.call(&retry).await {
                 Err(failure) if failure.kind == FailureKind::Transient => failure,
                 verdict => return verdict,

@@ -211,6 +211,7 @@ impl Dispatch for StackDispatch {
             event: Arc::new(event),
             cancel,
             deadline: None,
+            started: permit.granted_at(),
             attempt: 1,
             permit,
         };
@@ -382,6 +383,7 @@ pub(crate) mod testing {
             event: Arc::new(event),
             cancel: Arc::new(CancellationToken::new()),
             deadline: None,
+            started: None,
             attempt: 1,
             permit: PermitSlot::default(),
         }

@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Layer, Service, Task, Verdict};
@@ -39,7 +38,7 @@ impl Layer for TimeoutLayer {
 
 impl<S: Service> Service for Timeout<S> {
     async fn call(&self, task: &Task) -> Verdict {
-        let started = Instant::now();
+        let started = task.started();
         let deadline = started + self.timeout;
         let mut attempt = task.clone();
         attempt.deadline = Some(
@@ -62,6 +61,7 @@ mod tests {
     use crate::middleware::FailureKind;
     use crate::middleware::stack::testing::{Calls, message, task};
     use serde_json::json;
+    use tokio::time::Instant;
 
     #[tokio::test(start_paused = true)]
     async fn cancellation_fires_at_the_deadline_and_not_for_the_parent() {
@@ -78,6 +78,22 @@ mod tests {
         assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
         assert_eq!(calls.cancelled_seen(), 1);
         assert!(!parent.is_cancelled(), "later attempts are not cancelled");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_counts_from_the_admission_when_it_is_known() {
+        let calls = Calls::until_cancelled(FailureKind::Transient);
+        let layer = Box::new(TimeoutLayer {
+            timeout: Duration::from_millis(250),
+        })
+        .wrap(calls.clone());
+        let mut task = task(message("k", json!({})));
+        task.started = Some(Instant::now());
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let called = Instant::now();
+        let verdict = layer.call(&task).await;
+        assert_eq!(called.elapsed(), Duration::from_millis(50));
+        assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Transient));
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,64 +9,14 @@
 //! written only on rebalance.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::RwLock;
+use prosody_api::CoarseInstant;
 
-/// A source of monotonic time, injectable so stall detection is tested without sleeping.
-pub trait Clock: Send + Sync + fmt::Debug {
-    /// The current instant.
-    fn now(&self) -> Instant;
-}
-
-/// The real monotonic clock ([`Instant::now`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
-    }
-}
-
-/// A clock that only moves when told to; for tests of anything that reads a [`Clock`].
-#[derive(Debug)]
-pub struct ManualClock {
-    base: Instant,
-    offset_nanos: AtomicU64,
-}
-
-impl ManualClock {
-    /// A clock frozen at the moment of its creation.
-    #[must_use]
-    pub fn new() -> Self {
-        Self {
-            base: Instant::now(),
-            offset_nanos: AtomicU64::new(0),
-        }
-    }
-
-    /// Moves the clock forward by `by`.
-    pub fn advance(&self, by: Duration) {
-        self.offset_nanos
-            .fetch_add(duration_nanos(by), Ordering::AcqRel);
-    }
-}
-
-impl Default for ManualClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Instant {
-        self.base + Duration::from_nanos(self.offset_nanos.load(Ordering::Acquire))
-    }
-}
+pub use crate::monotonic::{Clock, ManualClock, SystemClock};
 
 /// Shared view of the partitions this process owns and their progress.
 ///
@@ -80,7 +30,7 @@ pub struct HealthRegistry {
 struct RegistryInner {
     clock: Arc<dyn Clock>,
     // Times are stored as nanoseconds since `origin` so they fit in an atomic.
-    origin: Instant,
+    origin: CoarseInstant,
     // Sorted so probe bodies list partitions in a stable order operators can diff.
     partitions: RwLock<BTreeMap<Arc<str>, BTreeMap<i32, PartitionHealth>>>,
 }
@@ -113,7 +63,7 @@ impl HealthRegistry {
 
     /// The current instant according to the registry's clock.
     #[must_use]
-    pub fn now(&self) -> Instant {
+    pub fn now(&self) -> CoarseInstant {
         self.inner.clock.now()
     }
 
@@ -202,7 +152,7 @@ impl HealthRegistry {
     /// Whether any assigned partition has pending work and made no progress for `threshold` as
     /// of `now`.
     #[must_use]
-    pub fn is_stalled(&self, threshold: Duration, now: Instant) -> bool {
+    pub fn is_stalled(&self, threshold: Duration, now: CoarseInstant) -> bool {
         self.inner
             .partitions
             .read()
@@ -213,7 +163,11 @@ impl HealthRegistry {
 
     /// The assigned partitions that are stalled as of `now`, in topic/partition order.
     #[must_use]
-    pub fn stalled_partitions(&self, threshold: Duration, now: Instant) -> Vec<PartitionStatus> {
+    pub fn stalled_partitions(
+        &self,
+        threshold: Duration,
+        now: CoarseInstant,
+    ) -> Vec<PartitionStatus> {
         self.snapshot(threshold, now)
             .into_iter()
             .filter(|status| status.stalled)
@@ -222,7 +176,7 @@ impl HealthRegistry {
 
     /// The state of every assigned partition as of `now`, in topic/partition order.
     #[must_use]
-    pub fn snapshot(&self, threshold: Duration, now: Instant) -> Vec<PartitionStatus> {
+    pub fn snapshot(&self, threshold: Duration, now: CoarseInstant) -> Vec<PartitionStatus> {
         self.inner
             .partitions
             .read()
@@ -246,7 +200,7 @@ struct PartitionState {
     topic: Arc<str>,
     partition: i32,
     clock: Arc<dyn Clock>,
-    origin: Instant,
+    origin: CoarseInstant,
     pending: AtomicBool,
     last_progress_nanos: AtomicU64,
 }
@@ -298,20 +252,20 @@ impl PartitionHealth {
     /// When the partition last made progress (or became busy after being idle); the assignment
     /// time of the registry's clock origin if it never did.
     #[must_use]
-    pub fn last_progress(&self) -> Instant {
+    pub fn last_progress(&self) -> CoarseInstant {
         self.state.origin
             + Duration::from_nanos(self.state.last_progress_nanos.load(Ordering::Acquire))
     }
 
     /// Whether the partition has pending work and made no progress for `threshold` as of `now`.
     #[must_use]
-    pub fn is_stalled(&self, threshold: Duration, now: Instant) -> bool {
+    pub fn is_stalled(&self, threshold: Duration, now: CoarseInstant) -> bool {
         self.has_pending_work() && now.saturating_duration_since(self.last_progress()) >= threshold
     }
 
     /// The partition's state as of `now`.
     #[must_use]
-    pub fn status(&self, threshold: Duration, now: Instant) -> PartitionStatus {
+    pub fn status(&self, threshold: Duration, now: CoarseInstant) -> PartitionStatus {
         let pending = self.has_pending_work();
         let since_progress = now.saturating_duration_since(self.last_progress());
         PartitionStatus {

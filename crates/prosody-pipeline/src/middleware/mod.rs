@@ -40,7 +40,6 @@ pub mod timeout;
 use std::fmt;
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -48,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 use crate::consumer::PermitSlot;
 use crate::event::Event;
 
-pub use stack::{ModePolicy, StackDispatch, StackSettings};
+pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
 
 /// One attempt at one event, as it travels down the stack by reference; a layer that changes
 /// a field (retry's attempt number, timeout's deadline) passes a modified copy instead.
@@ -181,20 +180,6 @@ pub type Verdict = Result<Value, Failure>;
 pub trait Service: Send + Sync + 'static {
     /// Runs `task` through this layer and the ones below it.
     fn call(&self, task: &Task) -> impl Future<Output = Verdict> + Send;
-}
-
-/// A [`Service`] as a trait object, its future boxed: what a composed stack is to the engine
-/// ([`StackDispatch`]). Call it through the object (`(*service).call_boxed(task)`): an `Arc`
-/// of a service is a service of its own, whose `call_boxed` would box a second time.
-pub trait DynService: Send + Sync + 'static {
-    /// [`Service::call`], boxed.
-    fn call_boxed<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Verdict>;
-}
-
-impl<S: Service> DynService for S {
-    fn call_boxed<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Verdict> {
-        Box::pin(self.call(task))
-    }
 }
 
 impl<S: Service> Service for Arc<S> {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
@@ -19,7 +20,7 @@ use super::scheduled::ScheduledLayer;
 use super::shutdown::ShutdownLayer;
 use super::telemetry::TelemetryLayer;
 use super::timeout::TimeoutLayer;
-use super::{DynService, Layer, Service, Task, Verdict};
+use super::{Layer, Service, Task, Verdict};
 use crate::consumer::{Admission, Dispatch, Outcome, PermitSlot};
 use crate::event::Event;
 use crate::timers::Timers;
@@ -174,6 +175,41 @@ pub fn compose(settings: StackSettings, handler: impl Service) -> Arc<dyn DynSer
     Arc::new(filtered)
 }
 
+/// A [`Service`] as a trait object: what a composed stack is to the engine
+/// ([`StackDispatch`]). Call it through the object (`(*service).dispatch_boxed(task)`): an
+/// `Arc` of a service is a service of its own, whose `dispatch_boxed` would box a second time.
+pub trait DynService: Send + Sync + 'static {
+    /// Runs `task` through the service and answers the engine's [`Outcome`] of its verdict, in
+    /// one boxed future that owns the task: the engine's dispatch future itself, so an event
+    /// costs one allocation for the stack's future rather than one for it and one around it.
+    fn dispatch_boxed(&self, task: Task) -> BoxFuture<'_, Outcome>;
+}
+
+impl<S: Service> DynService for S {
+    fn dispatch_boxed(&self, task: Task) -> BoxFuture<'_, Outcome> {
+        Box::pin(async move {
+            let verdict = self.call(&task).await;
+            outcome(&task, verdict)
+        })
+    }
+}
+
+/// A verdict as the engine's [`Outcome`]: cancelled work stays uncommitted, everything else is
+/// done.
+fn outcome(task: &Task, verdict: Verdict) -> Outcome {
+    match verdict {
+        Ok(_) => Outcome::Completed,
+        Err(failure) if failure.is_cancelled() => Outcome::Abandoned,
+        Err(failure) => {
+            // The failure policy answers every other failure; reaching here is a bug, and
+            // stalling the partition on it would be worse than committing.
+            error!(key = %task.event.key(), offset = ?task.event.offset(), %failure,
+                "failure escaped the failure policy: committed");
+            Outcome::Completed
+        }
+    }
+}
+
 /// The engine's view of a stack: a verdict becomes an [`Outcome`].
 pub struct StackDispatch {
     service: Arc<dyn DynService>,
@@ -201,12 +237,18 @@ impl Dispatch for StackDispatch {
             .await
     }
 
-    async fn dispatch_admitted(
-        &self,
+    /// Not an `async fn`: the stack's boxed future is returned as the dispatch's own, rather
+    /// than boxed again inside another.
+    fn dispatch_admitted<'life0, 'async_trait>(
+        &'life0 self,
         event: Event,
         cancel: Arc<CancellationToken>,
         permit: PermitSlot,
-    ) -> Outcome {
+    ) -> BoxFuture<'async_trait, Outcome>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
         let task = Task {
             event: Arc::new(event),
             cancel,
@@ -215,19 +257,8 @@ impl Dispatch for StackDispatch {
             attempt: 1,
             permit,
         };
-        let key = task.event.key().clone();
-        let offset = task.event.offset();
         // Through the trait object: the `Arc` is a service of its own.
-        match (*self.service).call_boxed(&task).await {
-            Ok(_) => Outcome::Completed,
-            Err(failure) if failure.is_cancelled() => Outcome::Abandoned,
-            Err(failure) => {
-                // The failure policy answers every other failure; reaching here is a bug, and
-                // stalling the partition on it would be worse than committing.
-                error!(%key, ?offset, %failure, "failure escaped the failure policy: committed");
-                Outcome::Completed
-            }
-        }
+        (*self.service).dispatch_boxed(task)
     }
 }
 

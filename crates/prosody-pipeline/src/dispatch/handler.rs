@@ -51,7 +51,7 @@ impl<H> HandlerService<H> {
         self
     }
 
-    fn context(&self, task: &Task) -> AttemptContext {
+    fn context(&self, task: &Task<'_>) -> AttemptContext {
         let context = AttemptContext::for_attempt(
             task.event.key().clone(),
             task.cancel.clone(),
@@ -59,7 +59,7 @@ impl<H> HandlerService<H> {
         )
         .with_deadline(task.deadline);
         let context = match &self.timers {
-            Some(timers) => context.with_timers(timers.stage(&task.event)),
+            Some(timers) => context.with_timers(timers.stage(task.event)),
             None => context,
         };
         match &self.state {
@@ -113,7 +113,7 @@ impl<H: EventHandler> HandlerService<H> {
 }
 
 impl<H: EventHandler> Service for HandlerService<H> {
-    async fn call(&self, task: &Task) -> Verdict {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
         // A commit of this key that this process left half done (state landed, timers not)
         // is finished first, so the attempt never sees half a commit.
         if let (Some(state), Some(timers)) = (&self.state, &self.timers) {
@@ -134,7 +134,7 @@ impl<H: EventHandler> Service for HandlerService<H> {
             }
         }
         let context = self.context(task);
-        let answer = self.run(&task.event, &context).await;
+        let answer = self.run(task.event, &context).await;
         // A failed attempt's writes are dropped with the context (ending it first, so a
         // handle the handler leaked cannot write); a successful one's are committed.
         let Ok(answer) = answer else {

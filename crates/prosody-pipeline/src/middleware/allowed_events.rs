@@ -52,8 +52,8 @@ impl<S: Service> AllowedEvents<S> {
 }
 
 impl<S: Service> Service for AllowedEvents<S> {
-    async fn call(&self, task: &Task) -> Verdict {
-        if !self.allows(&task.event) {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
+        if !self.allows(task.event) {
             trace!(key = %task.event.key(), offset = ?task.event.offset(),
                 "skipped: event type not allowed");
             return Ok(Value::Null);

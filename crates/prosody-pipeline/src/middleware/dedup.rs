@@ -189,8 +189,8 @@ fn payload_id(event: &Event) -> Option<(&prosody_api::Message, &str)> {
 }
 
 impl<S: Service> Service for Dedup<S> {
-    async fn call(&self, task: &Task) -> Verdict {
-        let Some((message, id)) = payload_id(&task.event) else {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
+        let Some((message, id)) = payload_id(task.event) else {
             return self.inner.call(task).await;
         };
         let record = DedupRecord::new(message.key.clone(), id, self.version.clone());

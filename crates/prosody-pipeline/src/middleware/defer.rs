@@ -512,7 +512,7 @@ impl Layer for DeferLayer {
 /// message that could not be reloaded has none).
 struct HeadFailure {
     failure: Failure,
-    event: Option<Arc<Event>>,
+    event: Option<Event>,
 }
 
 fn storage_failure(error: &StorageError, attempt: u32) -> Failure {
@@ -529,8 +529,8 @@ fn storage_failure(error: &StorageError, attempt: u32) -> Failure {
 // stack's over glibc's per-thread cache limit (1 KiB), which cost every event a slow-path
 // allocation with fastbin consolidation.
 impl<S: Service> Service for Defer<S> {
-    async fn call(&self, task: &Task) -> Verdict {
-        match &*task.event {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
+        match task.event {
             Event::Timer(fired) if fired.kind == TimerKind::DeferRetry => {
                 Box::pin(self.retry_deferred(task, fired)).await
             }
@@ -542,10 +542,10 @@ impl<S: Service> Service for Defer<S> {
 }
 
 impl<S: Service> Defer<S> {
-    fn place<'t>(&self, task: &'t Task) -> Place<'t> {
+    fn place<'t>(&self, task: &'t Task<'t>) -> Place<'t> {
         let (topic, partition) = task.event.source();
         let key = task.event.key();
-        let ownership = self.ownership(topic, partition, &task.cancel);
+        let ownership = self.ownership(topic, partition, task.cancel);
         let known = match ownership.keys.get() {
             Some(keys) => keys.lock().known(key),
             None => Known::Unknown,
@@ -750,7 +750,7 @@ impl<S: Service> Defer<S> {
 
     /// A message or application timer: queued behind the key's deferred work, or handled and
     /// deferred when it fails transiently.
-    async fn handle(&self, task: &Task) -> Verdict {
+    async fn handle(&self, task: &Task<'_>) -> Verdict {
         let place = self.place(task);
         // Known without storage for nearly every event; the read is boxed so its future does
         // not size this one.
@@ -762,7 +762,7 @@ impl<S: Service> Defer<S> {
         };
         let work = work.as_deref().unwrap_or(&NOTHING);
         if !work.is_empty() {
-            Box::pin(self.defer(&place, work, &task.event))
+            Box::pin(self.defer(&place, work, task.event))
                 .await
                 .map_err(|error| storage_failure(&error, task.attempt))?;
             debug!(key = %place.key(), offset = ?task.event.offset(), "key is deferred: queued behind");
@@ -783,13 +783,13 @@ impl<S: Service> Defer<S> {
         &self,
         place: &Place<'_>,
         work: &KeyWork,
-        task: &Task,
+        task: &Task<'_>,
         failure: Failure,
     ) -> Verdict {
         if !self.status.is_deferring() {
             return Err(failure);
         }
-        match self.defer(place, work, &task.event).await {
+        match self.defer(place, work, task.event).await {
             Ok(()) => {
                 warn!(key = %place.key(), offset = ?task.event.offset(), reason = %failure.reason,
                     retry_in = ?self.settings.delay(0), "transient failure: deferred");
@@ -803,7 +803,7 @@ impl<S: Service> Defer<S> {
     }
 
     /// An excise record runs at once; once it succeeded, the key's deferred work is dropped.
-    async fn excise(&self, task: &Task) -> Verdict {
+    async fn excise(&self, task: &Task<'_>) -> Verdict {
         let place = self.place(task);
         let work = self
             .work(&place)
@@ -857,7 +857,7 @@ impl<S: Service> Defer<S> {
     }
 
     /// The key's retry timer fired: retry its deferred work, head first.
-    async fn retry_deferred(&self, task: &Task, fired: &FiredTimer) -> Verdict {
+    async fn retry_deferred(&self, task: &Task<'_>, fired: &FiredTimer) -> Verdict {
         let place = self.place(task);
         let mut work = self
             .work(&place)
@@ -875,9 +875,9 @@ impl<S: Service> Defer<S> {
                     }
                 }
                 Err(HeadFailure { failure, event }) if failure.kind == FailureKind::Permanent => {
-                    if let Some(message @ Event::Message(_)) = event.as_deref() {
+                    if let Some(message @ Event::Message(_)) = event.as_ref() {
                         if let Err(cancelled) =
-                            self.give_up.forward(message, &failure, &task.cancel).await
+                            self.give_up.forward(message, &failure, task.cancel).await
                         {
                             // Still deferred: the next retry (or owner) forwards it.
                             self.remember(&place, work);
@@ -946,7 +946,7 @@ impl<S: Service> Defer<S> {
     /// One retry of the head of the key's deferred work through the layers below.
     async fn retry_head(
         &self,
-        task: &Task,
+        task: &Task<'_>,
         place: &Place<'_>,
         head: Head,
     ) -> Result<(), HeadFailure> {
@@ -989,19 +989,17 @@ impl<S: Service> Defer<S> {
             ),
         };
         let retry = Task {
-            event: Arc::new(event),
-            cancel: task.cancel.clone(),
-            deadline: task.deadline,
+            event: &event,
             started: None,
             // The first attempt failed before the work was deferred.
             attempt: retries.saturating_add(2),
-            permit: task.permit.clone(),
+            ..*task
         };
         let verdict = self.inner.call(&retry).await;
         self.status.record(&verdict);
         verdict.map(|_| ()).map_err(|failure| HeadFailure {
             failure,
-            event: Some(retry.event),
+            event: Some(event),
         })
     }
 
@@ -1072,7 +1070,7 @@ impl<S: Service> Defer<S> {
 mod tests {
     use super::*;
     use crate::kafka::loader::LoadError;
-    use crate::middleware::stack::testing::{excise, message, task};
+    use crate::middleware::stack::testing::{excise, leak, message, task};
     use crate::timers::TimerSettings;
     use async_trait::async_trait;
     use prosody_api::{SlabSize, SystemClock};
@@ -1087,8 +1085,8 @@ mod tests {
     }
 
     impl Service for Inner {
-        async fn call(&self, task: &Task) -> Verdict {
-            let what = match &*task.event {
+        async fn call(&self, task: &Task<'_>) -> Verdict {
+            let what = match task.event {
                 Event::Message(message) => format!("m{}", message.offset.0),
                 Event::Timer(fired) => format!("t{}", fired.timer.time.as_secs()),
                 Event::Excise(_) => "x".to_owned(),
@@ -1164,7 +1162,7 @@ mod tests {
         }
     }
 
-    fn at(event: Event, offset: i64) -> Task {
+    fn at(event: Event, offset: i64) -> Task<'static> {
         let Event::Message(mut message) = event else {
             unreachable!()
         };
@@ -1172,7 +1170,7 @@ mod tests {
         task(Event::Message(message))
     }
 
-    fn fired(kind: TimerKind, time: TimerTime) -> Task {
+    fn fired(kind: TimerKind, time: TimerTime) -> Task<'static> {
         task(Event::Timer(FiredTimer {
             topic: Topic::from("t"),
             partition: Partition(0),
@@ -1424,9 +1422,9 @@ mod tests {
         }
     }
 
-    fn owned_by(event: Event, offset: i64, ownership: &CancellationToken) -> Task {
+    fn owned_by(event: Event, offset: i64, ownership: &CancellationToken) -> Task<'static> {
         Task {
-            cancel: Arc::new(ownership.clone()),
+            cancel: leak(Arc::new(ownership.clone())),
             ..at(event, offset)
         }
     }

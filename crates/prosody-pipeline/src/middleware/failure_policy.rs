@@ -82,8 +82,8 @@ impl Layer for FailurePolicyLayer {
 }
 
 impl<S: Service> Service for FailurePolicy<S> {
-    async fn call(&self, task: &Task) -> Verdict {
-        let failure = match &*task.event {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
+        let failure = match task.event {
             Event::Rejected(rejected) => {
                 Failure::new(FailureKind::Permanent, rejected.reason.clone(), 0)
             }
@@ -94,7 +94,7 @@ impl<S: Service> Service for FailurePolicy<S> {
         };
         // Boxed: giving up (a produce with retries) is rare, and inline its state would size
         // every event's future (see the defer layer).
-        Box::pin(self.give_up(&task.event, &failure, &task.cancel)).await
+        Box::pin(self.give_up(task.event, &failure, task.cancel)).await
     }
 }
 

@@ -42,8 +42,8 @@ fn source_system(event: &Event) -> Option<&str> {
 }
 
 impl<S: Service> Service for LoopGuard<S> {
-    async fn call(&self, task: &Task) -> Verdict {
-        if source_system(&task.event) == Some(&*self.group_id) {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
+        if source_system(task.event) == Some(&*self.group_id) {
             trace!(key = %task.event.key(), offset = ?task.event.offset(),
                 "skipped: produced by this group (source-system)");
             return Ok(Value::Null);

@@ -49,16 +49,18 @@ use crate::event::Event;
 
 pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
 
-/// One attempt at one event, as it travels down the stack by reference; a layer that changes
-/// a field (retry's attempt number, timeout's deadline) passes a modified copy instead.
-#[derive(Clone, Debug)]
-pub struct Task {
+/// One attempt at one event, as it travels down the stack. It borrows what the dispatch owns
+/// (the event, its cancellation, its permit), so it is `Copy`: a layer that changes a field
+/// (retry's attempt number, timeout's deadline) passes a modified copy, at no cost, and an
+/// event needs no allocation of its own.
+#[derive(Clone, Copy, Debug)]
+pub struct Task<'a> {
     /// The event.
-    pub event: Arc<Event>,
-    /// Fires when the work must stop: revocation and shutdown. Shared by reference count:
-    /// tokio-util takes its token tree's lock on every clone and drop of a token, and every
-    /// event's task is cloned by several layers.
-    pub cancel: Arc<CancellationToken>,
+    pub event: &'a Event,
+    /// Fires when the work must stop: revocation and shutdown. An `Arc` so that what must
+    /// outlive the attempt (the handler's context) shares it rather than cloning the token:
+    /// tokio-util takes its token tree's lock on every clone and drop of a token.
+    pub cancel: &'a Arc<CancellationToken>,
     /// Past this instant the attempt counts as cancelled too (set by the timeout layer).
     /// A deadline rather than a timer per attempt: nothing is registered unless the handler
     /// actually waits for cancellation.
@@ -70,10 +72,10 @@ pub struct Task {
     /// The attempt number, from 1.
     pub attempt: u32,
     /// The admission permit of the event's dispatch.
-    pub permit: PermitSlot,
+    pub permit: &'a PermitSlot,
 }
 
-impl Task {
+impl Task<'_> {
     /// When the attempt started: [`Self::started`], else now.
     #[must_use]
     pub fn started(&self) -> Instant {
@@ -179,11 +181,11 @@ pub type Verdict = Result<Value, Failure>;
 /// and a virtual call per layer per event.)
 pub trait Service: Send + Sync + 'static {
     /// Runs `task` through this layer and the ones below it.
-    fn call(&self, task: &Task) -> impl Future<Output = Verdict> + Send;
+    fn call(&self, task: &Task<'_>) -> impl Future<Output = Verdict> + Send;
 }
 
 impl<S: Service> Service for Arc<S> {
-    fn call(&self, task: &Task) -> impl Future<Output = Verdict> + Send {
+    fn call(&self, task: &Task<'_>) -> impl Future<Output = Verdict> + Send {
         (**self).call(task)
     }
 }

@@ -132,7 +132,7 @@ impl Layer for MonopolizationLayer {
 }
 
 impl<S: Service> Service for Monopolization<S> {
-    async fn call(&self, task: &Task) -> Verdict {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
         if matches!(*task.event, Event::Rejected(_)) {
             return self.inner.call(task).await;
         }
@@ -207,7 +207,7 @@ mod tests {
     struct Sleeping(Duration);
 
     impl Service for Sleeping {
-        async fn call(&self, _: &Task) -> Verdict {
+        async fn call(&self, _: &Task<'_>) -> Verdict {
             tokio::time::sleep(self.0).await;
             Ok(Value::Null)
         }

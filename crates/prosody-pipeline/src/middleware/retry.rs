@@ -58,7 +58,7 @@ impl Layer for RetryLayer {
 }
 
 impl<S: Service> Service for Retry<S> {
-    async fn call(&self, task: &Task) -> Verdict {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
         let failure = match self.inner.call(task).await {
             Err(failure) if failure.kind == FailureKind::Transient => failure,
             verdict => return verdict,
@@ -71,10 +71,10 @@ impl<S: Service> Service for Retry<S> {
 
 impl<S: Service> Retry<S> {
     /// Retries `task` after its first attempt failed transiently with `failure`.
-    async fn retry(&self, task: &Task, failure: Failure) -> Verdict {
+    async fn retry(&self, task: &Task<'_>, failure: Failure) -> Verdict {
         // The first attempt went through as it was; only a retry needs a task of its own.
         let mut delays = self.policy.delays();
-        let mut retry = task.clone();
+        let mut retry = *task;
         let mut failure = failure;
         for retries in 0_u32.. {
             if self.max_retries.is_some_and(|max| retries >= max) {

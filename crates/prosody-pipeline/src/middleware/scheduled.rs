@@ -32,7 +32,7 @@ impl Layer for ScheduledLayer {
 }
 
 impl<S: Service> Service for Scheduled<S> {
-    async fn call(&self, task: &Task) -> Verdict {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
         let permit = if let Some(permit) = task.permit.take() {
             permit
         } else {
@@ -72,9 +72,9 @@ mod tests {
             admission: admission.clone(),
         })
         .wrap(Calls::succeeding());
+        let slot = PermitSlot::holding(first);
         let mut attempt = task(message("k", json!({})));
-        attempt.permit = PermitSlot::holding(first);
-        let slot = attempt.permit.clone();
+        attempt.permit = &slot;
         ok.call(&attempt).await.expect("ok");
         assert!(slot.is_held(), "the engine releases it after finishing");
 
@@ -83,14 +83,14 @@ mod tests {
         })
         .wrap(Calls::failing(FailureKind::Transient));
         let mut attempt = task(message("k", json!({})));
-        attempt.permit = slot.clone();
+        attempt.permit = &slot;
         let verdict = failing.call(&attempt).await;
         assert!(verdict.is_err());
         assert!(!slot.is_held(), "released for the backoff");
         // A retry acquires anew, which only works because the failed attempt released it.
         let mut retry = task(message("k", json!({})));
         retry.attempt = 2;
-        retry.permit = slot.clone();
+        retry.permit = &slot;
         tokio::time::timeout(std::time::Duration::from_secs(5), ok.call(&retry))
             .await
             .expect("the permit was free")

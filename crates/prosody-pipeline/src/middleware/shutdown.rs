@@ -47,7 +47,7 @@ impl Layer for ShutdownLayer {
 }
 
 impl<S: Service> Service for Shutdown<S> {
-    async fn call(&self, task: &Task) -> Verdict {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
         if task.cancel.is_cancelled() {
             return Err(Failure::cancelled(task.attempt));
         }

@@ -81,7 +81,7 @@ pub enum Optional<W, S> {
 }
 
 impl<W: Service, S: Service> Service for Optional<W, S> {
-    async fn call(&self, task: &Task) -> Verdict {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
         match self {
             Self::On(wrapped) => wrapped.call(task).await,
             Self::Off(inner) => inner.call(task).await,
@@ -97,7 +97,7 @@ impl<W: Service, S: Service> Service for Optional<W, S> {
 pub struct Boxed<S>(pub S);
 
 impl<S: Service> Service for Boxed<S> {
-    fn call(&self, task: &Task) -> impl Future<Output = Verdict> + Send {
+    fn call(&self, task: &Task<'_>) -> impl Future<Output = Verdict> + Send {
         Box::pin(self.0.call(task))
     }
 }
@@ -179,15 +179,34 @@ pub fn compose(settings: StackSettings, handler: impl Service) -> Arc<dyn DynSer
 /// ([`StackDispatch`]). Call it through the object (`(*service).dispatch_boxed(task)`): an
 /// `Arc` of a service is a service of its own, whose `dispatch_boxed` would box a second time.
 pub trait DynService: Send + Sync + 'static {
-    /// Runs `task` through the service and answers the engine's [`Outcome`] of its verdict, in
-    /// one boxed future that owns the task: the engine's dispatch future itself, so an event
-    /// costs one allocation for the stack's future rather than one for it and one around it.
-    fn dispatch_boxed(&self, task: Task) -> BoxFuture<'_, Outcome>;
+    /// Runs `event` through the service as its first attempt and answers the engine's
+    /// [`Outcome`] of the verdict, in one boxed future that owns the event, its cancellation
+    /// and its permit: the engine's dispatch future itself, so an event costs one allocation
+    /// for the stack's future rather than one for it, one around it and one for the event.
+    fn dispatch_boxed(
+        &self,
+        event: Event,
+        cancel: Arc<CancellationToken>,
+        permit: PermitSlot,
+    ) -> BoxFuture<'_, Outcome>;
 }
 
 impl<S: Service> DynService for S {
-    fn dispatch_boxed(&self, task: Task) -> BoxFuture<'_, Outcome> {
+    fn dispatch_boxed(
+        &self,
+        event: Event,
+        cancel: Arc<CancellationToken>,
+        permit: PermitSlot,
+    ) -> BoxFuture<'_, Outcome> {
         Box::pin(async move {
+            let task = Task {
+                event: &event,
+                cancel: &cancel,
+                deadline: None,
+                started: permit.granted_at(),
+                attempt: 1,
+                permit: &permit,
+            };
             let verdict = self.call(&task).await;
             outcome(&task, verdict)
         })
@@ -196,7 +215,7 @@ impl<S: Service> DynService for S {
 
 /// A verdict as the engine's [`Outcome`]: cancelled work stays uncommitted, everything else is
 /// done.
-fn outcome(task: &Task, verdict: Verdict) -> Outcome {
+fn outcome(task: &Task<'_>, verdict: Verdict) -> Outcome {
     match verdict {
         Ok(_) => Outcome::Completed,
         Err(failure) if failure.is_cancelled() => Outcome::Abandoned,
@@ -249,16 +268,8 @@ impl Dispatch for StackDispatch {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        let task = Task {
-            event: Arc::new(event),
-            cancel,
-            deadline: None,
-            started: permit.granted_at(),
-            attempt: 1,
-            permit,
-        };
         // Through the trait object: the `Arc` is a service of its own.
-        (*self.service).dispatch_boxed(task)
+        (*self.service).dispatch_boxed(event, cancel, permit)
     }
 }
 
@@ -274,7 +285,6 @@ pub(crate) mod testing {
     use tokio::sync::watch;
     use tokio_util::sync::CancellationToken;
 
-    use crate::consumer::PermitSlot;
     use crate::event::{Event, RejectedRecord};
     use crate::middleware::{Failure, FailureKind, Service, Task, Verdict};
 
@@ -345,7 +355,7 @@ pub(crate) mod testing {
     }
 
     impl Service for Calls {
-        async fn call(&self, task: &Task) -> Verdict {
+        async fn call(&self, task: &Task<'_>) -> Verdict {
             let call = {
                 let mut attempts = self.attempts.lock();
                 attempts.push(task.attempt);
@@ -409,14 +419,21 @@ pub(crate) mod testing {
         }))
     }
 
-    pub(crate) fn task(event: Event) -> Task {
+    /// A first attempt at `event`. What a dispatch would own is leaked: a test's few tasks
+    /// live as long as the test anyway, and a `'static` task can move into spawned work.
+    pub(crate) fn task(event: Event) -> Task<'static> {
         Task {
-            event: Arc::new(event),
-            cancel: Arc::new(CancellationToken::new()),
+            event: Box::leak(Box::new(event)),
+            cancel: leak(Arc::new(CancellationToken::new())),
             deadline: None,
             started: None,
             attempt: 1,
-            permit: PermitSlot::default(),
+            permit: Box::leak(Box::default()),
         }
+    }
+
+    /// `value`, leaked for a task's `'static` borrow.
+    pub(crate) fn leak<T>(value: T) -> &'static T {
+        Box::leak(Box::new(value))
     }
 }

@@ -60,8 +60,8 @@ fn describe(event: &Event) -> (&'static str, Option<&prosody_api::Headers>) {
 
 impl<S: Service> Telemetry<S> {
     /// The handler span of `task`, related to the trace context in its record's headers.
-    fn span(&self, task: &Task) -> tracing::Span {
-        let (kind, headers) = describe(&task.event);
+    fn span(&self, task: &Task<'_>) -> tracing::Span {
+        let (kind, headers) = describe(task.event);
         let (topic, partition) = task.event.source();
         let span = tracing::info_span!(
             "prosody.handle",
@@ -85,11 +85,11 @@ impl<S: Service> Telemetry<S> {
         span
     }
 
-    fn emit(&self, task: &Task, stage: Stage, duration: Option<f64>, error: Option<String>) {
+    fn emit(&self, task: &Task<'_>, stage: Stage, duration: Option<f64>, error: Option<String>) {
         let Some(sink) = &self.settings.sink else {
             return;
         };
-        let (kind, _) = describe(&task.event);
+        let (kind, _) = describe(task.event);
         let (topic, partition) = task.event.source();
         sink.emit(LifecycleEvent {
             event: kind,
@@ -108,7 +108,7 @@ impl<S: Service> Telemetry<S> {
 }
 
 impl<S: Service> Service for Telemetry<S> {
-    async fn call(&self, task: &Task) -> Verdict {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
         if !self.observed {
             return self.inner.call(task).await;
         }

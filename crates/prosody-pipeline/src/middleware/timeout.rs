@@ -37,10 +37,10 @@ impl Layer for TimeoutLayer {
 }
 
 impl<S: Service> Service for Timeout<S> {
-    async fn call(&self, task: &Task) -> Verdict {
+    async fn call(&self, task: &Task<'_>) -> Verdict {
         let started = task.started();
         let deadline = started + self.timeout;
-        let mut attempt = task.clone();
+        let mut attempt = *task;
         attempt.deadline = Some(
             task.deadline
                 .map_or(deadline, |earlier| earlier.min(deadline)),

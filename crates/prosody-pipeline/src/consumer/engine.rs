@@ -298,22 +298,24 @@ impl Engine {
     /// Offers an event or record received from `partition`. Those of unassigned partitions
     /// are dropped (they stay uncommitted, so nothing is lost).
     pub fn offer(&self, partition: &TopicPartition, work: impl Into<Work>) {
-        self.offer_batch(partition, vec![work.into()]);
+        self.offer_batch(partition, &mut vec![work.into()]);
     }
 
     /// Offers several records of one partition, in offset order, under one lock; the runners
     /// they start are spawned together, so a batch costs one wakeup of the runtime, and parked
     /// runners are woken together.
-    pub fn offer_batch(&self, partition: &TopicPartition, batch: Vec<Work>) {
+    /// The batch is drained, not taken: a reader fills the same buffer again.
+    pub fn offer_batch(&self, partition: &TopicPartition, batch: &mut Vec<Work>) {
         let Some(slot) = self.slot(partition) else {
             warn!(%partition, records = batch.len(), "records of an unassigned partition dropped");
+            batch.clear();
             return;
         };
         let mut start = Vec::new();
         let mut wake = 0;
         {
             let mut work = slot.work.lock();
-            for item in batch {
+            for item in batch.drain(..) {
                 match work.offer(item) {
                     Offer::StartRunner(key) => start.push(key),
                     Offer::WakeRunner => wake += 1,
@@ -842,11 +844,11 @@ mod tests {
                 .collect()
         };
         // One batch, so all three keys are offered before any runner could park.
-        engine.offer_batch(&partition, batch(0, ["a", "b", "c"]));
+        engine.offer_batch(&partition, &mut batch(0, ["a", "b", "c"]));
         // The backlog empties under the same lock as a runner parks.
         until(|| recorder.done.load(Ordering::SeqCst) == 3 && engine.load().backlog == 0).await;
         assert_eq!(runners(), 3, "runners park instead of ending");
-        engine.offer_batch(&partition, batch(3, ["d", "e", "f"]));
+        engine.offer_batch(&partition, &mut batch(3, ["d", "e", "f"]));
         until(|| recorder.done.load(Ordering::SeqCst) == 6 && engine.load().backlog == 0).await;
         assert_eq!(runners(), 3, "the parked runners served the new keys");
         engine.revoke(std::slice::from_ref(&partition)).await;

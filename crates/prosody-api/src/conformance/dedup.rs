@@ -24,7 +24,7 @@ fn ttl(secs: u32) -> Ttl {
     Ttl::from_secs(secs).expect("a positive TTL")
 }
 
-fn record<'a>(key: &str, id: &'a str, version: &str) -> DedupRecord<'a> {
+fn record<'a>(key: &str, id: &'a str, version: &'a str) -> DedupRecord<'a> {
     DedupRecord::new(key, id, version)
 }
 

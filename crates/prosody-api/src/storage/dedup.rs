@@ -2,7 +2,6 @@
 
 use std::borrow::Cow;
 use std::fmt::Debug;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -16,15 +15,17 @@ use crate::key::Key;
 ///
 /// Built once per message and read by several parties (the pipeline's recent set, the store),
 /// so it carries its [`fingerprint`](Self::fingerprint), computed once at construction. The
-/// `id` may be borrowed (from the message's payload, for as long as the message is handled), so
-/// building one per message costs no copy of it; [`DedupRecord::into_owned`] detaches it.
+/// `id` and the version may be borrowed (from the message's payload and the subscription, for
+/// as long as the message is handled), so building one per message copies neither;
+/// [`DedupRecord::into_owned`] detaches it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DedupRecord<'a> {
     key: Key,
     id: Cow<'a, str>,
-    /// Shared: it is the same for every record a subscription makes, and a copy per handled
-    /// message was an allocation on the hot path.
-    version: Arc<str>,
+    /// Borrowed like `id`: it is the same for every record a subscription makes, and a copy
+    /// per handled message was an allocation on the hot path (a shared `Arc` instead moved its
+    /// reference count between the cores handling messages, twice per message).
+    version: Cow<'a, str>,
     fingerprint: u128,
 }
 
@@ -33,7 +34,7 @@ impl<'a> DedupRecord<'a> {
     pub fn new(
         key: impl Into<Key>,
         id: impl Into<Cow<'a, str>>,
-        version: impl Into<Arc<str>>,
+        version: impl Into<Cow<'a, str>>,
     ) -> Self {
         let (key, id, version) = (key.into(), id.into(), version.into());
         let fingerprint = Digester::shared().digest((key.as_str(), &*id, &*version));
@@ -51,7 +52,7 @@ impl<'a> DedupRecord<'a> {
         DedupRecord {
             key: self.key,
             id: Cow::Owned(self.id.into_owned()),
-            version: self.version,
+            version: Cow::Owned(self.version.into_owned()),
             fingerprint: self.fingerprint,
         }
     }

@@ -26,10 +26,14 @@ use crate::timers::{StagedTimers, TimerWrite};
 /// completed, so the writes are durable before its offset can commit),
 /// [`AttemptContext::give_up`] when the event is completed without success, and nothing (drop
 /// the context) when the attempt failed and will be retried.
+///
+/// It borrows the event's key and the dispatch's cancellation token, for the attempt is over
+/// before the dispatch ends: taking shares of them would move the token's reference count
+/// between the cores handling a partition's events, twice per event.
 #[derive(Debug)]
-pub struct AttemptContext {
-    key: Key,
-    cancel: Arc<CancellationToken>,
+pub struct AttemptContext<'a> {
+    key: &'a Key,
+    cancel: &'a CancellationToken,
     deadline: Option<Instant>,
     attempt: u32,
     ended: AtomicBool,
@@ -37,20 +41,20 @@ pub struct AttemptContext {
     state: Option<AttemptState>,
 }
 
-impl AttemptContext {
+impl<'a> AttemptContext<'a> {
     /// A context for an attempt on `key`, cancelled through `cancel`, without timers (their
     /// calls fail with an invalid-request error).
     #[must_use]
-    pub fn new(key: Key, cancel: impl Into<Arc<CancellationToken>>) -> Self {
+    pub fn new(key: &'a Key, cancel: &'a CancellationToken) -> Self {
         Self::for_attempt(key, cancel, 1)
     }
 
     /// A context for attempt number `attempt` (from 1) on `key`.
     #[must_use]
-    pub fn for_attempt(key: Key, cancel: impl Into<Arc<CancellationToken>>, attempt: u32) -> Self {
+    pub fn for_attempt(key: &'a Key, cancel: &'a CancellationToken, attempt: u32) -> Self {
         Self {
             key,
-            cancel: cancel.into(),
+            cancel,
             deadline: None,
             attempt,
             ended: AtomicBool::new(false),
@@ -183,7 +187,7 @@ impl AttemptContext {
 const APPLICATION: TimerKind = TimerKind::Application;
 
 #[async_trait]
-impl TimerContext for AttemptContext {
+impl TimerContext for AttemptContext<'_> {
     async fn schedule(&self, time: TimerTime) -> Result<(), ContextError> {
         self.stage_timer(TimerWrite::Schedule(APPLICATION, time))
     }
@@ -206,7 +210,7 @@ impl TimerContext for AttemptContext {
 }
 
 #[async_trait]
-impl Cancellation for AttemptContext {
+impl Cancellation for AttemptContext<'_> {
     fn should_cancel(&self) -> bool {
         self.cancel.is_cancelled()
             || self
@@ -225,7 +229,7 @@ impl Cancellation for AttemptContext {
     }
 }
 
-impl KeyedStateContext for AttemptContext {
+impl KeyedStateContext for AttemptContext<'_> {
     fn value(&self, collection: &str) -> Result<Box<dyn ValueState<Value>>, ContextError> {
         self.state(collection)?.value(collection)
     }
@@ -273,9 +277,9 @@ impl KeyedStateContext for AttemptContext {
     }
 }
 
-impl EventContext for AttemptContext {
+impl EventContext for AttemptContext<'_> {
     fn key(&self) -> &Key {
-        &self.key
+        self.key
     }
 }
 
@@ -298,10 +302,9 @@ mod tests {
             Arc::new(SystemClock),
             TimerSettings::default(),
         );
-        let attempt = |event: &Event| {
-            AttemptContext::new(Key::from("k"), CancellationToken::new())
-                .with_timers(timers.stage(event))
-        };
+        let (key, cancel) = (Key::from("k"), CancellationToken::new());
+        let attempt =
+            |event: &Event| AttemptContext::new(&key, &cancel).with_timers(timers.stage(event));
         let on_message = attempt(&message("k", json!({})));
         assert!(on_message.writes_nothing());
         on_message
@@ -326,7 +329,8 @@ mod tests {
 
     #[test]
     fn a_collection_without_any_registered_is_unregistered_and_permanent() {
-        let context = AttemptContext::new(Key::from("k"), CancellationToken::new());
+        let (key, cancel) = (Key::from("k"), CancellationToken::new());
+        let context = AttemptContext::new(&key, &cancel);
         let Err(error) = context.map("orders") else {
             panic!("a handle on a collection that is not registered");
         };

@@ -51,13 +51,9 @@ impl<H> HandlerService<H> {
         self
     }
 
-    fn context(&self, task: &Task<'_>) -> AttemptContext {
-        let context = AttemptContext::for_attempt(
-            task.event.key().clone(),
-            task.cancel.clone(),
-            task.attempt,
-        )
-        .with_deadline(task.deadline);
+    fn context<'t>(&self, task: &Task<'t>) -> AttemptContext<'t> {
+        let context = AttemptContext::for_attempt(task.event.key(), task.cancel, task.attempt)
+            .with_deadline(task.deadline);
         let context = match &self.timers {
             Some(timers) => context.with_timers(timers.stage(task.event)),
             None => context,
@@ -70,7 +66,7 @@ impl<H> HandlerService<H> {
 }
 
 impl<H: EventHandler> HandlerService<H> {
-    async fn run(&self, event: &Event, context: &AttemptContext) -> Result<Value, Failure> {
+    async fn run(&self, event: &Event, context: &AttemptContext<'_>) -> Result<Value, Failure> {
         let failed = |kind, reason: String| Failure::new(kind, reason, context.attempt());
         let call = async {
             match event {

@@ -46,7 +46,7 @@ pub struct Dedup<S> {
     /// The in-memory tier; none in front of a store that is in memory itself.
     cache: Option<RecentSet>,
     group: ConsumerGroup,
-    version: Arc<str>,
+    version: String,
     ttl: Ttl,
     inner: S,
 }
@@ -80,7 +80,7 @@ impl Layer for DedupLayer {
             store: self.store,
             cache,
             group: ConsumerGroup::from(self.group_id),
-            version: Arc::from(self.version),
+            version: self.version,
             ttl: self.ttl,
             inner,
         }
@@ -193,7 +193,7 @@ impl<S: Service> Service for Dedup<S> {
         let Some((message, id)) = payload_id(task.event) else {
             return self.inner.call(task).await;
         };
-        let record = DedupRecord::new(message.key.clone(), id, self.version.clone());
+        let record = DedupRecord::new(message.key.clone(), id, &*self.version);
         // The recent set and the record's key in it, when there is one to remember it in.
         let mut recent = None;
         if let Some(cache) = &self.cache {

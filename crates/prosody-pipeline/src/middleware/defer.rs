@@ -465,8 +465,10 @@ pub struct Defer<S> {
     loader: Arc<dyn LoadRecord>,
     status: DeferStatus,
     give_up: Destination,
-    /// The current ownership of every partition seen.
-    owned: Mutex<KeyMap<(Topic, Partition), Arc<Ownership>>>,
+    /// The current ownership of every partition seen, by topic and then partition: a lookup
+    /// borrows the event's topic, where a `(Topic, Partition)` key would take a share of it,
+    /// moving its reference count between the cores handling the partition twice per event.
+    owned: Mutex<KeyMap<Topic, KeyMap<Partition, Arc<Ownership>>>>,
     /// Deferred keys per partition whose work is cached.
     capacity: usize,
     inner: S,
@@ -568,19 +570,26 @@ impl<S: Service> Defer<S> {
         cancel: &CancellationToken,
     ) -> Arc<Ownership> {
         let mut owned = self.owned.lock();
-        let index = (topic.clone(), partition);
-        if let Some(ownership) = owned.get(&index)
+        if let Some(ownership) = owned
+            .get(topic)
+            .and_then(|partitions| partitions.get(&partition))
             && !ownership.revoked.is_cancelled()
         {
             return ownership.clone();
         }
         // Rare (assignments): a good moment to forget partitions revoked for good.
-        owned.retain(|_, ownership| !ownership.revoked.is_cancelled());
+        owned.retain(|_, partitions| {
+            partitions.retain(|_, ownership| !ownership.revoked.is_cancelled());
+            !partitions.is_empty()
+        });
         let ownership = Arc::new(Ownership {
             revoked: cancel.clone(),
             keys: OnceCell::new(),
         });
-        owned.insert(index, ownership.clone());
+        owned
+            .entry(topic.clone())
+            .or_default()
+            .insert(partition, ownership.clone());
         ownership
     }
 

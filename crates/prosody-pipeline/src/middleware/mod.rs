@@ -51,8 +51,8 @@ pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
 
 /// One attempt at one event, as it travels down the stack. It borrows what the dispatch owns
 /// (the event, its cancellation, its permit), so it is `Copy`: a layer that changes a field
-/// (retry's attempt number, timeout's deadline) passes a modified copy, at no cost, and an
-/// event needs no allocation of its own.
+/// (retry's attempt number, timeout's deadline) passes a modified copy without touching a
+/// reference count.
 #[derive(Clone, Copy, Debug)]
 pub struct Task<'a> {
     /// The event.

@@ -179,8 +179,9 @@ pub fn compose(settings: StackSettings, handler: impl Service) -> Arc<dyn DynSer
 }
 
 /// A [`Service`] as a trait object: what a composed stack is to the engine
-/// ([`StackDispatch`]). Call it through the object (`(*service).dispatch_boxed(task)`): an
-/// `Arc` of a service is a service of its own, whose `dispatch_boxed` would box a second time.
+/// ([`StackDispatch`]). Call it through the object
+/// (`(*service).dispatch_boxed(event, cancel, permit)`): an `Arc` of a service is a service of
+/// its own, whose `dispatch_boxed` would box a second time.
 pub trait DynService: Send + Sync + 'static {
     /// Runs `event` through the service as its first attempt and answers the engine's
     /// [`Outcome`] of the verdict, in one boxed future that owns the event, its cancellation

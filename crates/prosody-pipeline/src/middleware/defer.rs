@@ -39,31 +39,27 @@
 //! (the partition's cancellation) ends the ownership; a partition that comes back is read
 //! again.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
-use prosody_api::{
-    CoarseInstant, Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic,
-};
+use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::failure_policy::Destination;
+use super::failure_rate::{FailureRate, Locked};
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::{Event, FiredTimer};
 use crate::hashing::KeyMap;
 use crate::kafka::loader::LoadRecord;
 use crate::monotonic::{Clock, SystemClock};
 use crate::timers::{TimerWrite, Timers};
-
-/// Buckets the failure-rate window is divided in.
-const RATE_BUCKETS: u32 = 10;
 
 /// Limits and delays of the defer layer.
 #[derive(Clone, Copy, Debug)]
@@ -106,82 +102,6 @@ impl DeferSettings {
     }
 }
 
-/// Transient-failure rate over a rolling window, in buckets so memory stays constant.
-#[derive(Debug)]
-struct FailureRate {
-    window: Duration,
-    width: Duration,
-    buckets: VecDeque<Bucket>,
-}
-
-#[derive(Debug)]
-struct Bucket {
-    start: CoarseInstant,
-    successes: u64,
-    failures: u64,
-}
-
-impl FailureRate {
-    fn new(window: Duration) -> Self {
-        let window = window.max(Duration::from_millis(RATE_BUCKETS.into()));
-        Self {
-            window,
-            width: window / RATE_BUCKETS,
-            buckets: VecDeque::new(),
-        }
-    }
-
-    fn prune(&mut self, now: CoarseInstant) {
-        while let Some(front) = self.buckets.front() {
-            if front.start + self.width + self.window <= now {
-                self.buckets.pop_front();
-            } else {
-                break;
-            }
-        }
-    }
-
-    fn record(&mut self, now: CoarseInstant, failed: bool) {
-        self.prune(now);
-        let current = match self.buckets.back_mut() {
-            Some(bucket) if now < bucket.start + self.width => bucket,
-            _ => {
-                self.buckets.push_back(Bucket {
-                    start: now,
-                    successes: 0,
-                    failures: 0,
-                });
-                self.buckets
-                    .back_mut()
-                    .unwrap_or_else(|| unreachable!("just pushed"))
-            }
-        };
-        if failed {
-            current.failures += 1;
-        } else {
-            current.successes += 1;
-        }
-    }
-
-    /// (failure rate, outcomes) in the window.
-    fn rate(&mut self, now: CoarseInstant) -> (f64, u64) {
-        self.prune(now);
-        let (successes, failures) = self.buckets.iter().fold((0_u64, 0_u64), |(s, f), bucket| {
-            (s + bucket.successes, f + bucket.failures)
-        });
-        let total = successes + failures;
-        if total == 0 {
-            return (0.0, 0);
-        }
-        #[allow(
-            clippy::cast_precision_loss,
-            reason = "a rate: counts far below 2^52 in any window"
-        )]
-        let rate = failures as f64 / total as f64;
-        (rate, total)
-    }
-}
-
 /// A snapshot of the defer layer, for logs, metrics and tests.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DeferSnapshot {
@@ -212,9 +132,7 @@ struct StatusInner {
     new_failures: NewFailures,
     threshold: f64,
     min_samples: u64,
-    rate: Mutex<FailureRate>,
-    /// What the failure-rate window is judged by: a window of seconds, read per outcome.
-    clock: Arc<dyn Clock>,
+    rate: FailureRate,
     deferring: AtomicBool,
     deferred: AtomicU64,
     completed: AtomicU64,
@@ -244,8 +162,7 @@ impl DeferStatus {
                 new_failures: settings.new_failures,
                 threshold: settings.failure_threshold,
                 min_samples: settings.min_samples,
-                rate: Mutex::new(FailureRate::new(settings.failure_window)),
-                clock,
+                rate: FailureRate::new(settings.failure_window, clock),
                 deferring: AtomicBool::new(settings.new_failures == NewFailures::Defer),
                 deferred: AtomicU64::new(0),
                 completed: AtomicU64::new(0),
@@ -266,10 +183,15 @@ impl DeferStatus {
         if failed {
             self.count(|inner| &inner.transient_failures);
         }
+        // A success cannot shut an open gate, so the common case only counts it, and while
+        // the window's newest bucket is open, without the lock.
+        let open = self.inner.deferring.load(Ordering::Relaxed);
+        if open && !failed && self.inner.rate.try_count_success() {
+            return;
+        }
         let mut rate = self.inner.rate.lock();
-        rate.record(self.inner.clock.now(), failed);
-        // A success cannot shut an open gate, so the common case skips the evaluation.
-        if failed || !self.inner.deferring.load(Ordering::Relaxed) {
+        rate.record(failed);
+        if failed || !open {
             self.update(&mut rate);
         }
     }
@@ -281,11 +203,11 @@ impl DeferStatus {
         self.update(&mut rate)
     }
 
-    fn update(&self, rate: &mut FailureRate) -> bool {
+    fn update(&self, rate: &mut Locked<'_>) -> bool {
         if self.inner.new_failures == NewFailures::RetryInPlace {
             return false;
         }
-        let (failure_rate, samples) = rate.rate(self.inner.clock.now());
+        let (failure_rate, samples) = rate.rate();
         let deferring = samples < self.inner.min_samples || failure_rate <= self.inner.threshold;
         let was = self.inner.deferring.swap(deferring, Ordering::SeqCst);
         if was && !deferring {
@@ -312,7 +234,7 @@ impl DeferStatus {
     pub fn snapshot(&self) -> DeferSnapshot {
         let mut rate = self.inner.rate.lock();
         let deferring = self.update(&mut rate);
-        let (failure_rate, samples) = rate.rate(self.inner.clock.now());
+        let (failure_rate, samples) = rate.rate();
         DeferSnapshot {
             deferring,
             failure_rate,
@@ -1570,9 +1492,9 @@ mod tests {
         assert_eq!(settings.delay(u32::MAX), Duration::from_secs(10));
     }
 
-    #[test]
-    fn the_gate_shuts_over_the_threshold_and_opens_when_the_window_forgets() {
-        let settings = DeferSettings {
+    /// Deferral switches off past half failures over 10 s, once 4 outcomes are in.
+    fn gated_at_half() -> DeferSettings {
+        DeferSettings {
             new_failures: NewFailures::Defer,
             base: Duration::from_secs(1),
             max_delay: Duration::from_secs(10),
@@ -1580,7 +1502,32 @@ mod tests {
             failure_window: Duration::from_secs(10),
             min_samples: 4,
             cache_size: 16,
-        };
+        }
+    }
+
+    #[test]
+    fn successes_counted_outside_the_lock_weigh_against_failures() {
+        let settings = gated_at_half();
+        let status =
+            DeferStatus::with_clock(&settings, Arc::new(crate::monotonic::ManualClock::new()));
+        for _ in 0..6 {
+            status.record(&Ok(Value::Null));
+        }
+        for _ in 0..4 {
+            status.record(&Err(Failure::new(FailureKind::Transient, "x", 1)));
+        }
+        let snapshot = status.snapshot();
+        assert_eq!(snapshot.samples, 10);
+        assert!(snapshot.deferring, "4 of 10 failed: {snapshot:?}");
+        for _ in 0..3 {
+            status.record(&Err(Failure::new(FailureKind::Transient, "x", 1)));
+        }
+        assert!(!status.is_deferring(), "7 of 13 failed");
+    }
+
+    #[test]
+    fn the_gate_shuts_over_the_threshold_and_opens_when_the_window_forgets() {
+        let settings = gated_at_half();
         let clock = Arc::new(crate::monotonic::ManualClock::new());
         let status = DeferStatus::with_clock(&settings, clock.clone());
         let failed = || Err(Failure::new(FailureKind::Transient, "x", 1));

@@ -28,6 +28,7 @@ pub mod allowed_events;
 pub mod dedup;
 pub mod defer;
 pub mod failure_policy;
+mod failure_rate;
 pub mod loop_guard;
 pub mod monopolization;
 pub mod retry;

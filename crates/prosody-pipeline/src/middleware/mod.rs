@@ -67,8 +67,10 @@ pub struct Task<'a> {
     /// actually waits for cancellation.
     pub deadline: Option<Instant>,
     /// When the attempt was admitted, if its admission recorded that (the fair scheduler
-    /// does): the layers that time the attempt start from it rather than read the clock again.
-    /// `None` where the attempt starts later than its task was made (a retry).
+    /// does): the monopolization layer charges the key's run time from it rather than read
+    /// the clock again. (The handler's timeout starts at the timeout layer instead, so the
+    /// layers above cannot eat into it.) `None` where the attempt starts later than its task
+    /// was made (a retry).
     pub started: Option<Instant>,
     /// The attempt number, from 1.
     pub attempt: u32,

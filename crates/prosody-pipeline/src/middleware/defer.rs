@@ -1355,7 +1355,7 @@ mod tests {
 
     fn owned_by(event: Event, offset: i64, ownership: &CancellationToken) -> Task<'static> {
         Task {
-            cancel: leak(Arc::new(ownership.clone())),
+            cancel: leak(ownership.clone()),
             ..at(event, offset)
         }
     }

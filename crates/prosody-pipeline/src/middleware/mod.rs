@@ -58,10 +58,10 @@ pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
 pub struct Task<'a> {
     /// The event.
     pub event: &'a Event,
-    /// Fires when the work must stop: revocation and shutdown. An `Arc` so that what must
-    /// outlive the attempt (the handler's context) shares it rather than cloning the token:
-    /// tokio-util takes its token tree's lock on every clone and drop of a token.
-    pub cancel: &'a Arc<CancellationToken>,
+    /// Fires when the work must stop: revocation and shutdown. Borrowed, like everything the
+    /// attempt needs from its dispatch: tokio-util takes its token tree's lock on every clone
+    /// and drop of a token.
+    pub cancel: &'a CancellationToken,
     /// Past this instant the attempt counts as cancelled too (set by the timeout layer).
     /// A deadline rather than a timer per attempt: nothing is registered unless the handler
     /// actually waits for cancellation.

@@ -73,13 +73,14 @@ mod tests {
     use serde_json::json;
     use tokio::time::Instant;
 
+    fn timed<S: Service>(timeout: Duration, inner: S) -> Timeout<S> {
+        TimeoutLayer { timeout }.wrap(inner)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn cancellation_fires_at_the_deadline_and_not_for_the_parent() {
         let calls = Calls::until_cancelled(FailureKind::Transient);
-        let layer = Box::new(TimeoutLayer {
-            timeout: Duration::from_millis(250),
-        })
-        .wrap(calls.clone());
+        let layer = timed(Duration::from_millis(250), calls.clone());
         let task = task(message("k", json!({})));
         let parent = task.cancel.clone();
         let started = Instant::now();
@@ -93,10 +94,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_deadline_counts_from_the_handler_not_from_the_admission() {
         let calls = Calls::until_cancelled(FailureKind::Transient);
-        let layer = Box::new(TimeoutLayer {
-            timeout: Duration::from_millis(250),
-        })
-        .wrap(calls.clone());
+        let layer = timed(Duration::from_millis(250), calls.clone());
         let mut task = task(message("k", json!({})));
         task.started = Some(Instant::now());
         // The layers above took their time (a store's I/O, say) after the admission.
@@ -110,10 +108,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_dispatch_cancellation_still_reaches_the_attempt() {
         let calls = Calls::until_cancelled(FailureKind::Cancelled);
-        let layer = Box::new(TimeoutLayer {
-            timeout: Duration::from_secs(60),
-        })
-        .wrap(calls.clone());
+        let layer = timed(Duration::from_secs(60), calls.clone());
         let task = task(message("k", json!({})));
         let cancel = task.cancel.clone();
         let running = tokio::spawn(async move { layer.call(&task).await });
@@ -128,10 +123,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_quick_attempt_is_not_cancelled() {
         let calls = Calls::succeeding();
-        let layer = Box::new(TimeoutLayer {
-            timeout: Duration::from_millis(250),
-        })
-        .wrap(calls.clone());
+        let layer = timed(Duration::from_millis(250), calls.clone());
         layer
             .call(&task(message("k", json!({}))))
             .await

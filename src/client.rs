@@ -764,7 +764,7 @@ impl ProsodyClient {
             return Ok(loader.clone());
         }
         let settings = &self.inner.config.defer.loader;
-        let loader = MessageLoader::start(LoaderSettings {
+        let loader = MessageLoader::new(LoaderSettings {
             bootstrap_servers: self.inner.bootstrap_servers.clone(),
             client_id: self.inner.config.kafka.group_id.clone(),
             cache_size: settings.cache_size.get() as u64,

@@ -42,7 +42,7 @@ async fn reloads_records_by_offset_forward_and_backward_and_times_out_past_the_e
             .expect("send");
         assert_eq!(delivery.offset, Offset(i64::try_from(seq).unwrap()));
     }
-    let loader = MessageLoader::start(LoaderSettings {
+    let loader = MessageLoader::new(LoaderSettings {
         bootstrap_servers: bootstrap.clone(),
         client_id: "loader-test".to_owned(),
         cache_size: 4,
@@ -52,6 +52,10 @@ async fn reloads_records_by_offset_forward_and_backward_and_times_out_past_the_e
         overrides: Vec::new(),
     })
     .expect("loader");
+    assert!(
+        !loader.is_started(),
+        "nothing starts before a record is asked for"
+    );
     let topic_id = Topic::from(topic.as_str());
     let load = |offset: i64| {
         let loader = loader.clone();
@@ -66,8 +70,9 @@ async fn reloads_records_by_offset_forward_and_backward_and_times_out_past_the_e
         assert_eq!(event.offset(), Some(Offset(offset)));
         assert_eq!(event.key().as_str(), format!("k{}", offset % 3));
     }
+    assert!(loader.is_started());
 
-    let short = MessageLoader::start(LoaderSettings {
+    let short = MessageLoader::new(LoaderSettings {
         bootstrap_servers: bootstrap,
         client_id: "loader-test-short".to_owned(),
         cache_size: 4,

@@ -2,8 +2,8 @@
 //! deferred message back when its retry timer fires (only the offset is stored).
 //!
 //! One loader is shared by every partition of a consumer. It owns a consumer of its own that
-//! belongs to no group (it only assigns and reads, never commits), driven by one thread that
-//! serves requests in turn, because a librdkafka consumer is positioned on one place at a time
+//! belongs to no group (it only assigns and reads, never commits), started by the first request
+//! and driven by one thread that serves requests in turn, because a librdkafka consumer is positioned on one place at a time
 //! and seeking is the expensive part:
 //!
 //! - a request for an offset a little ahead of where the consumer already is (at most
@@ -25,7 +25,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message as _;
 use rdkafka::{Offset as RdOffset, TopicPartitionList};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OnceCell, mpsc, oneshot};
 use tracing::{debug, warn};
 
 use super::decode::{DecodeLimits, decode};
@@ -145,58 +145,69 @@ impl LoadRecord for MessageLoader {
 }
 
 /// The shared loader. Cheap to clone; the thread stops when the last clone is dropped.
+///
+/// Its consumer and thread start with the first record asked for, not with the loader: most
+/// subscriptions never defer a message nor read a message collection, and a librdkafka client
+/// is a connection and two or three threads. A start that fails is tried again by the next
+/// load.
 #[derive(Clone)]
 pub struct MessageLoader {
-    requests: mpsc::Sender<Request>,
+    settings: Arc<LoaderSettings>,
+    /// The started thread's request queue.
+    requests: Arc<OnceCell<mpsc::Sender<Request>>>,
     cache: moka::sync::Cache<CacheKey, Arc<Event>>,
 }
 
 impl std::fmt::Debug for MessageLoader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MessageLoader")
+            .field("started", &self.is_started())
             .field("cached", &self.cache.entry_count())
             .finish_non_exhaustive()
     }
 }
 
 impl MessageLoader {
-    /// Creates the loader's consumer and starts its thread.
+    /// A loader reading with `settings`; nothing is started yet, but the configuration is
+    /// checked now.
     ///
     /// # Errors
-    /// When librdkafka rejects the configuration or the thread cannot start.
-    pub fn start(settings: LoaderSettings) -> Result<Self, LoadError> {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &settings.bootstrap_servers)
-            .set("client.id", format!("{}-loader", settings.client_id))
-            // A group id librdkafka requires for a consumer; the loader never joins or commits.
-            .set("group.id", format!("{}-loader", settings.client_id))
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            .set("auto.offset.reset", "earliest")
-            // One record is wanted at a time: do not prefetch megabytes per seek.
-            .set("queued.max.messages.kbytes", "1024")
-            .set("fetch.wait.max.ms", "50");
-        for (name, value) in &settings.overrides {
-            config.set(name, value);
-        }
-        let consumer: BaseConsumer = config
+    /// When librdkafka rejects the configuration.
+    pub fn new(settings: LoaderSettings) -> Result<Self, LoadError> {
+        consumer_config(&settings)
+            .create_native_config()
+            .map_err(|error| LoadError::Kafka(error.to_string()))?;
+        Ok(Self {
+            cache: moka::sync::Cache::new(settings.cache_size.max(1)),
+            settings: Arc::new(settings),
+            requests: Arc::new(OnceCell::new()),
+        })
+    }
+
+    /// True once the loader's consumer and thread run.
+    #[must_use]
+    pub fn is_started(&self) -> bool {
+        self.requests.initialized()
+    }
+
+    /// Creates the loader's consumer and starts its thread.
+    fn start(&self) -> Result<mpsc::Sender<Request>, LoadError> {
+        let consumer: BaseConsumer = consumer_config(&self.settings)
             .create()
             .map_err(|error| LoadError::Kafka(error.to_string()))?;
         let (requests, receiver) = mpsc::channel(REQUEST_QUEUE);
-        let cache = moka::sync::Cache::new(settings.cache_size.max(1));
         let worker = Worker {
             consumer,
-            settings,
-            cache: cache.clone(),
+            settings: self.settings.clone(),
+            cache: self.cache.clone(),
             position: None,
         };
         std::thread::Builder::new()
             .name("prosody-loader".to_owned())
             .spawn(move || worker.run(receiver))
             .map_err(|error| LoadError::Kafka(format!("loader thread: {error}")))?;
-        Ok(Self { requests, cache })
+        debug!("message loader started");
+        Ok(requests)
     }
 
     /// The record at `offset` of `topic`/`partition`, decoded as the consumer decodes it.
@@ -213,8 +224,12 @@ impl MessageLoader {
         if let Some(event) = self.cache.get(&key) {
             return Ok((*event).clone());
         }
+        let requests = self
+            .requests
+            .get_or_try_init(|| async { self.start() })
+            .await?;
         let (reply, answer) = oneshot::channel();
-        self.requests
+        requests
             .send(Request {
                 topic: topic.clone(),
                 partition,
@@ -232,9 +247,30 @@ impl MessageLoader {
     }
 }
 
+/// The loader's consumer: it belongs to no group (it only assigns and reads, never commits).
+fn consumer_config(settings: &LoaderSettings) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &settings.bootstrap_servers)
+        .set("client.id", format!("{}-loader", settings.client_id))
+        // A group id librdkafka requires for a consumer; the loader never joins or commits.
+        .set("group.id", format!("{}-loader", settings.client_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("auto.offset.reset", "earliest")
+        // One record is wanted at a time: do not prefetch megabytes per seek.
+        .set("queued.max.messages.kbytes", "1024")
+        .set("fetch.wait.max.ms", "50");
+    for (name, value) in &settings.overrides {
+        config.set(name, value);
+    }
+    config
+}
+
 struct Worker {
     consumer: BaseConsumer,
-    settings: LoaderSettings,
+    settings: Arc<LoaderSettings>,
     cache: moka::sync::Cache<CacheKey, Arc<Event>>,
     /// The partition assigned and the offset the next record read will have.
     position: Option<(Topic, Partition, i64)>,
@@ -335,5 +371,52 @@ impl Worker {
             .map_err(|error| LoadError::Kafka(error.to_string()))?;
         self.position = Some((request.topic.clone(), request.partition, request.offset.0));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(overrides: Vec<(String, String)>) -> LoaderSettings {
+        LoaderSettings {
+            // Nothing listens here: a loader that connected would show it in its errors.
+            bootstrap_servers: "127.0.0.1:1".to_owned(),
+            client_id: "loader-unit".to_owned(),
+            cache_size: 4,
+            seek_timeout: Duration::from_millis(100),
+            discard_threshold: 0,
+            decode: DecodeLimits::default(),
+            overrides,
+        }
+    }
+
+    #[test]
+    fn a_new_loader_checks_its_configuration_but_starts_nothing() {
+        let loader = MessageLoader::new(settings(Vec::new())).expect("valid settings");
+        assert!(!loader.is_started());
+
+        let rejected = MessageLoader::new(settings(vec![(
+            "fetch.wait.max.ms".to_owned(),
+            "soon".to_owned(),
+        )]))
+        .expect_err("librdkafka rejects the value");
+        assert!(
+            rejected.to_string().contains("fetch.wait.max.ms"),
+            "{rejected}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_first_load_starts_the_loader() {
+        let loader = MessageLoader::new(settings(Vec::new())).expect("valid settings");
+        let missing = loader
+            .load(&Topic::from("t"), Partition(0), Offset(0))
+            .await;
+        assert!(
+            matches!(missing, Err(LoadError::Timeout { .. })),
+            "{missing:?}"
+        );
+        assert!(loader.is_started());
     }
 }

@@ -147,37 +147,65 @@ fn parse_number<T: std::str::FromStr>(name: &str, value: &str) -> BenchResult<T>
         .map_err(|_| format!("{name}: expected a positive integer, got {value:?}").into())
 }
 
-/// When a subject's consumer got its partitions, and its first and last record; and the CPU
-/// time the whole process had used at the assignment and at the last record.
+/// When a subject's consumer got its partitions, and its first and last record; and what the
+/// whole process had used at the assignment and at the last record.
 #[derive(Clone, Copy, Debug)]
 struct Timing {
     assigned: Instant,
     first: Instant,
     last: Instant,
-    cpu_assigned: Duration,
-    cpu_last: Duration,
+    used_assigned: Usage,
+    used_last: Usage,
 }
 
-/// CPU time (user and system, all threads) this process used so far, from `/proc/self/stat`
-/// in clock ticks of 10 ms (`USER_HZ` is 100 on Linux). The bench runs on a shared machine:
-/// CPU per record is what other load disturbs least, where records per second depend on how
-/// much of the machine the subject got. Zero where `/proc` is missing.
-fn process_cpu() -> Duration {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return Duration::ZERO;
-    };
-    // The command name in parentheses may hold spaces; the fields after it are fixed.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let ticks = |index: usize| {
-        fields
-            .get(index)
-            .and_then(|value| value.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime are fields 14 and 15 of the line, 12th and 13th after the name.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+/// What this process used so far (all threads), from `/proc/self/stat`. The bench runs on a
+/// shared machine: CPU per record is what other load disturbs least, where records per second
+/// depend on how much of the machine the subject got. Page faults are shown beside it: on a
+/// virtual machine a first touch of memory can cost tens of microseconds of system time, so a
+/// subject that grows its memory pays for it in CPU. Zero where `/proc` is missing.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    /// User and system CPU time, in clock ticks of 10 ms (`USER_HZ` is 100 on Linux).
+    cpu: Duration,
+    /// The system part of `cpu`.
+    system: Duration,
+    /// Minor page faults: memory touched for the first time (or again after it was returned).
+    page_faults: u64,
+}
+
+impl Usage {
+    fn now() -> Self {
+        let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+            return Self::default();
+        };
+        // The command name in parentheses may hold spaces; the fields after it are fixed.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+        let number = |index: usize| {
+            fields
+                .get(index)
+                .and_then(|value| value.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // minflt, utime and stime are fields 10, 14 and 15 of the line: 8th, 12th and 13th
+        // after the name.
+        let (user, system) = (number(11), number(12));
+        Self {
+            cpu: Duration::from_millis((user + system) * 10),
+            system: Duration::from_millis(system * 10),
+            page_faults: number(7),
+        }
+    }
+
+    /// What was used between `earlier` and this reading.
+    fn since(self, earlier: Self) -> Self {
+        Self {
+            cpu: self.cpu.saturating_sub(earlier.cpu),
+            system: self.system.saturating_sub(earlier.system),
+            page_faults: self.page_faults.saturating_sub(earlier.page_faults),
+        }
+    }
 }
 
 impl Timing {
@@ -191,9 +219,9 @@ impl Timing {
         self.last.saturating_duration_since(self.first)
     }
 
-    /// Process CPU time from the assignment to the last record.
-    fn cpu(&self) -> Duration {
-        self.cpu_last.saturating_sub(self.cpu_assigned)
+    /// What the process used from the assignment to the last record.
+    fn used(&self) -> Usage {
+        self.used_last.since(self.used_assigned)
     }
 }
 
@@ -203,7 +231,7 @@ impl Timing {
 /// much, against runs of hundreds of milliseconds.
 struct AssignmentWatch {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Option<(Instant, Duration)>>,
+    thread: std::thread::JoinHandle<Option<(Instant, Usage)>>,
 }
 
 impl AssignmentWatch {
@@ -214,7 +242,7 @@ impl AssignmentWatch {
             move || {
                 while !stop.load(Ordering::Acquire) {
                     if assigned() {
-                        return Some((Instant::now(), process_cpu()));
+                        return Some((Instant::now(), Usage::now()));
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -224,7 +252,7 @@ impl AssignmentWatch {
         Self { stop, thread }
     }
 
-    fn finish(self) -> BenchResult<(Instant, Duration)> {
+    fn finish(self) -> BenchResult<(Instant, Usage)> {
         self.stop.store(true, Ordering::Release);
         self.thread
             .join()
@@ -297,7 +325,7 @@ impl ThroughputSubject for BareConsumer {
 /// Notes when the baseline's consumer got its partitions: librdkafka calls it from `poll`.
 #[derive(Default)]
 struct AssignmentClock {
-    assigned: parking_lot::Mutex<Option<(Instant, Duration)>>,
+    assigned: parking_lot::Mutex<Option<(Instant, Usage)>>,
 }
 
 impl ClientContext for AssignmentClock {}
@@ -307,7 +335,7 @@ impl ConsumerContext for AssignmentClock {
         if matches!(rebalance, Rebalance::Assign(_)) {
             self.assigned
                 .lock()
-                .get_or_insert_with(|| (Instant::now(), process_cpu()));
+                .get_or_insert_with(|| (Instant::now(), Usage::now()));
         }
     }
 }
@@ -321,7 +349,7 @@ struct Counts {
     expected: usize,
     count: AtomicUsize,
     first: parking_lot::Mutex<Option<Instant>>,
-    last: parking_lot::Mutex<Option<(Instant, Duration)>>,
+    last: parking_lot::Mutex<Option<(Instant, Usage)>>,
     done: Notify,
 }
 
@@ -341,7 +369,7 @@ impl EventHandler for CountingHandler {
         let now = Instant::now();
         counts.first.lock().get_or_insert(now);
         if counts.count.fetch_add(1, Ordering::AcqRel) + 1 == counts.expected {
-            *counts.last.lock() = Some((now, process_cpu()));
+            *counts.last.lock() = Some((now, Usage::now()));
             counts.done.notify_one();
         }
         Ok(Value::Null)
@@ -389,15 +417,15 @@ impl Counts {
         }
     }
 
-    fn timing(&self, (assigned, cpu_assigned): (Instant, Duration)) -> BenchResult<Timing> {
+    fn timing(&self, (assigned, used_assigned): (Instant, Usage)) -> BenchResult<Timing> {
         let first = self.first.lock().ok_or("no first record")?;
-        let (last, cpu_last) = self.last.lock().ok_or("no last record")?;
+        let (last, used_last) = self.last.lock().ok_or("no last record")?;
         Ok(Timing {
             assigned,
             first,
             last,
-            cpu_assigned,
-            cpu_last,
+            used_assigned,
+            used_last,
         })
     }
 }
@@ -554,13 +582,13 @@ impl Progress {
         .into()
     }
 
-    fn timing(&self, (assigned, cpu_assigned): (Instant, Duration)) -> BenchResult<Timing> {
+    fn timing(&self, (assigned, used_assigned): (Instant, Usage)) -> BenchResult<Timing> {
         Ok(Timing {
             assigned,
             first: self.first.ok_or("no first record")?,
             last: self.last,
-            cpu_assigned,
-            cpu_last: process_cpu(),
+            used_assigned,
+            used_last: Usage::now(),
         })
     }
 }
@@ -794,6 +822,8 @@ struct Rates {
     first: f64,
     /// Process CPU microseconds per record.
     cpu_us: f64,
+    /// Page faults per 1,000 records.
+    faults_per_1k: f64,
 }
 
 fn median(rates: &mut [f64]) -> Option<f64> {
@@ -818,23 +848,31 @@ async fn measure(
     let from_first = rate(records, timing.since_first());
     // Precision loss only past 2^52 records.
     #[allow(clippy::cast_precision_loss)]
-    let cpu_us = timing.cpu().as_secs_f64() * 1e6 / records as f64;
+    let (used, records_f64) = (timing.used(), records as f64);
+    let cpu_us = used.cpu.as_secs_f64() * 1e6 / records_f64;
+    let system_share = used.system.as_secs_f64() / used.cpu.as_secs_f64().max(f64::EPSILON);
+    // Precision loss only past 2^52 faults.
+    #[allow(clippy::cast_precision_loss)]
+    let faults_per_1k = used.page_faults as f64 * 1e3 / records_f64;
     println!(
         "{}: {per_second:.0} records/s ({records} records in {:.3} s from assignment; \
          first record after {:.3} s; from first record {from_first:.0} records/s; \
-         process CPU {cpu_us:.2} us/record)",
+         process CPU {cpu_us:.2} us/record, {:.0}% of it system; \
+         {faults_per_1k:.0} page faults per 1,000 records)",
         subject.name(),
         timing.elapsed().as_secs_f64(),
         timing
             .first
             .saturating_duration_since(timing.assigned)
-            .as_secs_f64()
+            .as_secs_f64(),
+        system_share * 100.0
     );
     memory.after(subject.name());
     Ok(Rates {
         assigned: per_second,
         first: from_first,
         cpu_us,
+        faults_per_1k,
     })
 }
 
@@ -936,21 +974,11 @@ async fn measure_all(
             );
         }
     }
-    let [cpu_baseline, cpu_core, cpu_client] = medians(|rates| rates.cpu_us);
-    for (name, cpu) in names.iter().zip([cpu_baseline, cpu_core, cpu_client]) {
-        if let Some(cpu) = cpu {
-            println!("{name} median CPU: {cpu:.2} us/record");
-        }
-    }
-    if let (Some(baseline), Some(core), Some(client)) = (cpu_baseline, cpu_core, cpu_client) {
-        println!(
-            "by CPU per record: client/baseline {:.2}, core/baseline {:.2}, \
-             middleware cost (1 - core/client) {:.1}%",
-            baseline / client,
-            baseline / core,
-            (1.0 - core / client) * 100.0
-        );
-    }
+    print_usage(
+        &names,
+        medians(|rates| rates.cpu_us),
+        medians(|rates| rates.faults_per_1k),
+    );
     if let (Some(baseline), Some(client), Some(core)) = (first_baseline, first_client, first_core) {
         println!(
             "from first record: client/baseline {:.2}, core/baseline {:.2}, 1 - client/core {:.1}%",
@@ -990,5 +1018,28 @@ async fn main() -> ExitCode {
             eprintln!("bench: error: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The medians of CPU and page faults per record, and the ratios by CPU.
+fn print_usage(names: &[&str; 3], cpu: [Option<f64>; 3], faults: [Option<f64>; 3]) {
+    for (name, cpu) in names.iter().zip(cpu) {
+        if let Some(cpu) = cpu {
+            println!("{name} median CPU: {cpu:.2} us/record");
+        }
+    }
+    for (name, faults) in names.iter().zip(faults) {
+        if let Some(faults) = faults {
+            println!("{name} median page faults: {faults:.0} per 1,000 records");
+        }
+    }
+    if let [Some(baseline), Some(core), Some(client)] = cpu {
+        println!(
+            "by CPU per record: client/baseline {:.2}, core/baseline {:.2}, \
+             middleware cost (1 - core/client) {:.1}%",
+            baseline / client,
+            baseline / core,
+            (1.0 - core / client) * 100.0
+        );
     }
 }

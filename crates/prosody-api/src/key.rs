@@ -5,10 +5,12 @@
 //! they mean. String identifiers share one immutable `Arc<str>`: a key or topic is cloned into
 //! queues, contexts and storage scopes for every event, and a clone must not allocate.
 
+use std::cmp::Ordering;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::{Arc, LazyLock};
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
@@ -62,7 +64,122 @@ macro_rules! string_id {
     };
 }
 
-string_id! {
+/// Hashes the names of [`hashed_string_id`] types: one process-wide random state, so equal
+/// names hash equally wherever they were made.
+static NAME_HASHER: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+
+/// A string identifier that carries its hash, computed once when it is made. Topic and group
+/// names are tens of bytes long and few, but every event looks them up in maps (a partition's
+/// deferral ownership, its dedup scope): hashing them there cost more than the lookups. The
+/// hash stands in for the string in `Hash`, and in `Eq` it settles most comparisons before
+/// the strings are compared (and the strings are not when both share one allocation).
+macro_rules! hashed_string_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone)]
+        pub struct $name {
+            name: Arc<str>,
+            hash: u64,
+        }
+
+        impl $name {
+            /// Wraps a string.
+            pub fn new(value: impl Into<String>) -> Self {
+                Self::from(value.into())
+            }
+
+            fn from_shared(name: Arc<str>) -> Self {
+                let hash = NAME_HASHER.hash_one(&*name);
+                Self { name, hash }
+            }
+
+            /// The string form.
+            #[must_use]
+            pub fn as_str(&self) -> &str {
+                &self.name
+            }
+
+            /// The string form, copied.
+            #[must_use]
+            pub fn into_string(self) -> String {
+                self.name.to_string()
+            }
+        }
+
+        impl Hash for $name {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                state.write_u64(self.hash);
+            }
+        }
+
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                self.hash == other.hash
+                    && (Arc::ptr_eq(&self.name, &other.name) || self.name == other.name)
+            }
+        }
+
+        impl Eq for $name {}
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        /// By name, as the string would order.
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> Ordering {
+                self.name.cmp(&other.name)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_tuple(stringify!($name)).field(&self.name).finish()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.name)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(value: &str) -> Self {
+                Self::from_shared(Arc::from(value))
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(value: String) -> Self {
+                Self::from_shared(Arc::from(value))
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.name
+            }
+        }
+
+        /// As its string.
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.name)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                String::deserialize(deserializer).map(Self::from)
+            }
+        }
+    };
+}
+
+hashed_string_id! {
     /// A Kafka topic name.
     Topic
 }
@@ -73,7 +190,7 @@ string_id! {
     Key
 }
 
-string_id! {
+hashed_string_id! {
     /// A Kafka consumer group id. Durable data is owned by a group, so two groups consuming the
     /// same topic never see each other's timers, dedup records or keyed state.
     ConsumerGroup
@@ -124,6 +241,35 @@ mod tests {
         assert_eq!(b.as_str(), "b");
         assert_eq!(a.to_string(), "a");
         assert_eq!(serde_json::to_string(&a).unwrap(), "\"a\"");
+    }
+
+    #[test]
+    fn hashed_ids_made_apart_are_equal_and_hash_alike_by_name() {
+        let hash = |topic: &Topic| {
+            let mut hasher = std::hash::DefaultHasher::new();
+            topic.hash(&mut hasher);
+            hasher.finish()
+        };
+        let (one, other) = (Topic::from("orders"), Topic::new(String::from("orders")));
+        assert_eq!(one, other);
+        assert_eq!(hash(&one), hash(&other));
+        assert_eq!(one, one.clone());
+        let different = Topic::from("orders-dlq");
+        assert_ne!(one, different);
+        assert_ne!(hash(&one), hash(&different));
+        assert!(one < different, "ordered as their names are");
+        assert!(ConsumerGroup::from("b") > ConsumerGroup::from("a"));
+    }
+
+    #[test]
+    fn hashed_ids_read_and_print_as_their_names() {
+        let topic = Topic::from("orders");
+        assert_eq!(serde_json::to_string(&topic).unwrap(), "\"orders\"");
+        let read: Topic = serde_json::from_str("\"orders\"").unwrap();
+        assert_eq!(read, topic);
+        assert_eq!(format!("{topic:?}"), "Topic(\"orders\")");
+        assert_eq!(topic.to_string(), "orders");
+        assert_eq!(ConsumerGroup::from("g").into_string(), "g");
     }
 
     #[test]

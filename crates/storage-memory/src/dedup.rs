@@ -21,8 +21,8 @@ use prosody_api::{Clock, StorageError};
 
 use crate::sweep::SweepSchedule;
 
-/// Expiry per record fingerprint, per scope. Seeded foldhash for the scopes: a lookup hashes
-/// the group and topic names, which `SipHash` made most of an operation's cost.
+/// Expiry per record fingerprint, per scope. A scope hashes as its names' hashes, computed when
+/// the names were made (see `prosody_api::Topic`); seeded foldhash mixes them.
 type Scopes = HashMap<PartitionScope, DigestMap<SystemTime>, foldhash::fast::RandomState>;
 
 /// Dedup records in memory, expiring on the given clock.

@@ -137,9 +137,7 @@ impl<S: Service> Service for Monopolization<S> {
             return self.inner.call(task).await;
         }
         let (topic, _) = task.event.source();
-        let index = self
-            .hasher
-            .hash_one((topic.as_str(), task.event.key().as_str()));
+        let index = self.hasher.hash_one((topic, task.event.key().as_str()));
         // One start serves the window check and the run time.
         let started = task.started();
         let now = self.bucket(started);

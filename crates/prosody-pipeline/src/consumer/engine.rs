@@ -51,14 +51,17 @@ pub trait Dispatch: Send + Sync + 'static {
     /// The engine calls this one; a dispatch that retries overrides it to give the permit
     /// back while it waits (see [`super::admission`]). The default holds the permit for the
     /// whole dispatch.
+    ///
+    /// The event is borrowed: the engine's runner keeps it while the dispatch runs, so the
+    /// dispatch need not allocate for it.
     async fn dispatch_admitted(
         &self,
-        event: Event,
+        event: &Event,
         cancel: Arc<CancellationToken>,
         permit: PermitSlot,
     ) -> Outcome {
         let _held = permit;
-        self.dispatch(event, cancel).await
+        self.dispatch(event.clone(), cancel).await
     }
 }
 
@@ -593,7 +596,7 @@ impl Engine {
                 continue;
             }
             let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
-                event,
+                &event,
                 cancel,
                 permit.clone(),
             ))

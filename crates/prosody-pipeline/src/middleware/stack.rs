@@ -184,31 +184,30 @@ pub fn compose(settings: StackSettings, handler: impl Service) -> Arc<dyn DynSer
 /// its own, whose `dispatch_boxed` would box a second time.
 pub trait DynService: Send + Sync + 'static {
     /// Runs `event` through the service as its first attempt and answers the engine's
-    /// [`Outcome`] of the verdict, in one boxed future that owns the event, its cancellation
-    /// and its permit: the engine's dispatch future itself, so an event costs one allocation
-    /// for the stack's future rather than one for it and one around it.
-    fn dispatch_boxed(
-        &self,
-        event: Event,
+    /// [`Outcome`] of the verdict, in one boxed future that owns the event's cancellation and
+    /// its permit: the engine's dispatch future itself, so an event costs one allocation for
+    /// the stack's future rather than one for it and one around it. The event is borrowed
+    /// from the caller (the engine's runner keeps it in its own frame): in the future, it
+    /// would take it past the ~1 KiB glibc serves from its per-thread cache (see [`Boxed`]),
+    /// and boxed on its own it was an allocation per event.
+    fn dispatch_boxed<'a>(
+        &'a self,
+        event: &'a Event,
         cancel: Arc<CancellationToken>,
         permit: PermitSlot,
-    ) -> BoxFuture<'_, Outcome>;
+    ) -> BoxFuture<'a, Outcome>;
 }
 
 impl<S: Service> DynService for S {
-    fn dispatch_boxed(
-        &self,
-        event: Event,
+    fn dispatch_boxed<'a>(
+        &'a self,
+        event: &'a Event,
         cancel: Arc<CancellationToken>,
         permit: PermitSlot,
-    ) -> BoxFuture<'_, Outcome> {
-        // The event on the heap of its own: inline, it would take the stack's future past the
-        // ~1 KiB glibc serves from its per-thread cache (see [`Boxed`]), and every event's
-        // largest allocation would take the slow path.
-        let event = Box::new(event);
+    ) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
             let task = Task {
-                event: &event,
+                event,
                 cancel: &cancel,
                 deadline: None,
                 started: permit.granted_at(),
@@ -260,20 +259,21 @@ impl StackDispatch {
 #[async_trait]
 impl Dispatch for StackDispatch {
     async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome {
-        self.dispatch_admitted(event, cancel, PermitSlot::default())
+        self.dispatch_admitted(&event, cancel, PermitSlot::default())
             .await
     }
 
     /// Not an `async fn`: the stack's boxed future is returned as the dispatch's own, rather
     /// than boxed again inside another.
-    fn dispatch_admitted<'life0, 'async_trait>(
+    fn dispatch_admitted<'life0, 'life1, 'async_trait>(
         &'life0 self,
-        event: Event,
+        event: &'life1 Event,
         cancel: Arc<CancellationToken>,
         permit: PermitSlot,
     ) -> BoxFuture<'async_trait, Outcome>
     where
         'life0: 'async_trait,
+        'life1: 'async_trait,
         Self: 'async_trait,
     {
         // Through the trait object: the `Arc` is a service of its own.

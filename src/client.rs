@@ -24,6 +24,7 @@ use prosody_pipeline::middleware::monopolization::{
 use prosody_pipeline::middleware::retry::RetryPolicy;
 use prosody_pipeline::middleware::telemetry::TelemetryLayer;
 use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
+use prosody_pipeline::monotonic;
 use prosody_pipeline::probes::{HealthRegistry, ProbeConfig, ProbeServer};
 use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
 use prosody_pipeline::state::{Collection, CollectionDefinition, StateRuntime, definition};
@@ -670,6 +671,8 @@ impl ProsodyClient {
                     cache_size: config.monopolization.cache_size.get() as u64,
                 },
                 status,
+                // The fair scheduler's clock: run time starts at its grant.
+                clock: Arc::new(monotonic::SystemClock),
             });
         }
         *self.inner.quality.lock() = Some((defer_status, monopolization_status));

@@ -1,6 +1,7 @@
 //! The monotonic time the pipeline's bookkeeping is judged by (stall detection, failure-rate
-//! windows): read at tick resolution, since it is read once or more per record and judged in
-//! seconds ([`CoarseInstant`]), and injectable so that bookkeeping is tested without sleeping.
+//! windows, the run time the fair scheduler and monopolization charge): read at tick
+//! resolution, since it is read once or more per record and judged over many records
+//! ([`CoarseInstant`]), and injectable so that bookkeeping is tested without sleeping.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,4 +63,39 @@ impl Clock for ManualClock {
 
 fn duration_nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Tokio's clock as a [`Clock`]: under paused time (`start_paused` tests) it moves as tokio's
+/// does, so bookkeeping sees the run times a test sleeps through.
+#[cfg(test)]
+#[derive(Debug)]
+pub struct TokioClock {
+    base: CoarseInstant,
+    origin: tokio::time::Instant,
+}
+
+#[cfg(test)]
+impl TokioClock {
+    /// A clock reading tokio's time from now on.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            base: CoarseInstant::now(),
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+impl Clock for TokioClock {
+    fn now(&self) -> CoarseInstant {
+        self.base + self.origin.elapsed()
+    }
 }

@@ -27,6 +27,7 @@ use prosody_pipeline::middleware::monopolization::{
 use prosody_pipeline::middleware::retry::RetryPolicy;
 use prosody_pipeline::middleware::telemetry::TelemetryLayer;
 use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
+use prosody_pipeline::monotonic;
 use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
 use prosody_pipeline::telemetry::SpanRelation;
 use prosody_pipeline::timers::{TimerSettings, Timers};
@@ -224,6 +225,7 @@ fn pipeline_of(name: &'static str, without: Option<Part>) -> Subject {
                 cache_size: 8192,
             },
             status: MonopolizationStatus::default(),
+            clock: Arc::new(monotonic::SystemClock),
         }),
         admission: admission.clone(),
         timeout: Duration::from_secs(240),

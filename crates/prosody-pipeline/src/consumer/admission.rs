@@ -9,14 +9,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use prosody_api::Key;
+use prosody_api::{CoarseInstant, Key};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
-// Tokio's clock, so tests that pause time see the run times they advance.
-use tokio::time::Instant;
 
 /// The two pools of run time the scheduler keeps apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -105,10 +102,10 @@ impl Permit {
         }
     }
 
-    /// When the admission granted it, if the admission records that (the fair scheduler does,
-    /// to charge the key's run time).
+    /// When the admission granted it, on the admission's clock, if the admission records that
+    /// (the fair scheduler does, to charge the key's run time).
     #[must_use]
-    pub fn granted_at(&self) -> Option<Instant> {
+    pub fn granted_at(&self) -> Option<CoarseInstant> {
         match &self.held {
             Held::Timed { grant } => Some(grant.since),
             Held::Semaphore { .. } | Held::Other { .. } => None,
@@ -126,31 +123,43 @@ impl fmt::Debug for Permit {
 /// charges it to the key).
 pub trait ChargeRunTime: Send + Sync + 'static {
     /// Takes back the slot granted in `class` to the key it tagged `tag` (whatever the
-    /// admission remembers a key by), which was held for `ran`. Receives its own `Arc` (the
-    /// grant's) so it can hand the slot on as a new grant.
-    fn release(self: Arc<Self>, tag: u64, class: TaskClass, ran: Duration);
+    /// admission remembers a key by) at `since`, on the admission's own clock: the run time is
+    /// from then to the admission's now. Receives its own `Arc` (the grant's) so it can hand
+    /// the slot on as a new grant.
+    fn release(self: Arc<Self>, tag: u64, class: TaskClass, since: CoarseInstant);
 }
 
-/// A slot granted to a key in a class at a moment; dropping it reports the time held to the
-/// admission that granted it.
+/// A slot granted to a key in a class at a moment; dropping it hands the slot back to the
+/// admission that granted it, which charges the time held.
+///
+/// The moment is at tick resolution ([`CoarseInstant`]): run time is charged per event, and a
+/// precise clock read at each end was a measurable share of the consumer's CPU. A key's handlers
+/// shorter than a tick are charged a tick or nothing, depending on where the ticks fall, so over
+/// its events the charge averages out to the time they ran.
 pub struct TimedGrant {
     /// The granting admission, taken by `drop`.
     owner: Option<Arc<dyn ChargeRunTime>>,
     /// The key as the admission tagged it.
     tag: u64,
     class: TaskClass,
-    since: Instant,
+    since: CoarseInstant,
 }
 
 impl TimedGrant {
-    /// A grant by `owner` in `class` to the key it tagged `tag`, starting now.
+    /// A grant by `owner` in `class` to the key it tagged `tag`, at `since` on the owner's
+    /// clock.
     #[must_use]
-    pub fn new(owner: Arc<dyn ChargeRunTime>, tag: u64, class: TaskClass) -> Self {
+    pub fn new(
+        owner: Arc<dyn ChargeRunTime>,
+        tag: u64,
+        class: TaskClass,
+        since: CoarseInstant,
+    ) -> Self {
         Self {
             owner: Some(owner),
             tag,
             class,
-            since: Instant::now(),
+            since,
         }
     }
 }
@@ -158,7 +167,7 @@ impl TimedGrant {
 impl Drop for TimedGrant {
     fn drop(&mut self) {
         if let Some(owner) = self.owner.take() {
-            owner.release(self.tag, self.class, self.since.elapsed());
+            owner.release(self.tag, self.class, self.since);
         }
     }
 }
@@ -212,7 +221,7 @@ impl PermitSlot {
     /// When the permit in the slot was granted, if the slot holds one whose admission
     /// recorded that ([`Permit::granted_at`]).
     #[must_use]
-    pub fn granted_at(&self) -> Option<Instant> {
+    pub fn granted_at(&self) -> Option<CoarseInstant> {
         self.0.lock().as_ref().and_then(Permit::granted_at)
     }
 
@@ -271,18 +280,18 @@ mod tests {
     struct Uncharged;
 
     impl ChargeRunTime for Uncharged {
-        fn release(self: Arc<Self>, _: u64, _: TaskClass, _: Duration) {}
+        fn release(self: Arc<Self>, _: u64, _: TaskClass, _: CoarseInstant) {}
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_timed_grant_tells_when_it_was_granted_a_semaphore_permit_does_not() {
-        let granted = Instant::now();
+        let granted = CoarseInstant::now();
         let timed = PermitSlot::holding(Permit::from(TimedGrant::new(
             Arc::new(Uncharged),
             1,
             TaskClass::Normal,
+            granted,
         )));
-        tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(timed.granted_at(), Some(granted));
         let semaphore = SemaphoreAdmission::new(1);
         let counted =

@@ -41,6 +41,7 @@ pub mod timeout;
 use std::fmt;
 use std::sync::Arc;
 
+use prosody_api::CoarseInstant;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -66,12 +67,12 @@ pub struct Task<'a> {
     /// A deadline rather than a timer per attempt: nothing is registered unless the handler
     /// actually waits for cancellation.
     pub deadline: Option<Instant>,
-    /// When the attempt was admitted, if its admission recorded that (the fair scheduler
-    /// does): the monopolization layer charges the key's run time from it rather than read
-    /// the clock again. (The handler's timeout starts at the timeout layer instead, so the
-    /// layers above cannot eat into it.) `None` where the attempt starts later than its task
-    /// was made (a retry).
-    pub started: Option<Instant>,
+    /// When the attempt was admitted, on the admission's tick-resolution clock, if it recorded
+    /// that (the fair scheduler does): the monopolization layer charges the key's run time
+    /// from it rather than read the clock again. (The handler's timeout starts at the timeout
+    /// layer instead, so the layers above cannot eat into it.) `None` where the attempt starts
+    /// later than its task was made (a retry).
+    pub started: Option<CoarseInstant>,
     /// The attempt number, from 1.
     pub attempt: u32,
     /// The admission permit of the event's dispatch.
@@ -79,12 +80,6 @@ pub struct Task<'a> {
 }
 
 impl Task<'_> {
-    /// When the attempt started: [`Self::started`], else now.
-    #[must_use]
-    pub fn started(&self) -> Instant {
-        self.started.unwrap_or_else(Instant::now)
-    }
-
     /// True once the work is cancelled or the deadline has passed.
     #[must_use]
     pub fn should_cancel(&self) -> bool {

@@ -15,12 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::time::Instant;
+use prosody_api::CoarseInstant;
 use tracing::warn;
 
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::Event;
 use crate::hashing::{TagMap, forget_any};
+use crate::monotonic::Clock;
 
 /// Buckets a key's window is divided in.
 const BUCKETS: u32 = 10;
@@ -88,8 +89,10 @@ impl MonopolizationStatus {
 /// Rejects keys over their share of handler time.
 pub struct Monopolization<S> {
     settings: MonopolizationSettings,
+    /// Times the handlers; reads the same time as the admission's clock (see [`Task::started`]).
+    clock: Arc<dyn Clock>,
     /// Bucket numbers count from here.
-    origin: Instant,
+    origin: CoarseInstant,
     width: Duration,
     allowed: u64,
     /// One lock for lookup and update: a concurrent cache would add its own synchronisation
@@ -110,6 +113,11 @@ pub struct MonopolizationLayer {
     pub settings: MonopolizationSettings,
     /// Counters.
     pub status: MonopolizationStatus,
+    /// The clock run time is measured on: the one the admission's grants are timed on
+    /// ([`crate::monotonic::SystemClock`], the fair scheduler's), since an attempt's run time
+    /// starts at its grant. Tick resolution suffices: a key's use is summed over its events in
+    /// a window of seconds, where ticks average out.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Layer for MonopolizationLayer {
@@ -119,7 +127,8 @@ impl Layer for MonopolizationLayer {
         let settings = self.settings;
         let window = settings.window.max(Duration::from_millis(BUCKETS.into()));
         Monopolization {
-            origin: Instant::now(),
+            origin: self.clock.now(),
+            clock: self.clock,
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
             settings: MonopolizationSettings { window, ..settings },
@@ -139,7 +148,7 @@ impl<S: Service> Service for Monopolization<S> {
         let (topic, _) = task.event.source();
         let index = self.hasher.hash_one((topic, task.event.key().as_str()));
         // One start serves the window check and the run time.
-        let started = task.started();
+        let started = task.started.unwrap_or_else(|| self.clock.now());
         let now = self.bucket(started);
         let used = self
             .usage
@@ -162,14 +171,18 @@ impl<S: Service> Service for Monopolization<S> {
             ));
         }
         let verdict = self.inner.call(task).await;
-        let ended = Instant::now();
-        self.charge(index, self.bucket(ended), nanos(ended - started));
+        let ended = self.clock.now();
+        self.charge(
+            index,
+            self.bucket(ended),
+            nanos(ended.saturating_duration_since(started)),
+        );
         verdict
     }
 }
 
 impl<S: Service> Monopolization<S> {
-    fn bucket(&self, at: Instant) -> u64 {
+    fn bucket(&self, at: CoarseInstant) -> u64 {
         let width = nanos(self.width).max(1);
         nanos(at.saturating_duration_since(self.origin)) / width
     }
@@ -200,6 +213,7 @@ fn nanos(duration: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::middleware::stack::testing::{message, task};
+    use crate::monotonic::TokioClock;
     use serde_json::{Value, json};
 
     struct Sleeping(Duration);
@@ -211,8 +225,12 @@ mod tests {
         }
     }
 
-    /// Keys may use 5 s of a 10 s window; every attempt runs 2 s.
-    fn half_of_ten_seconds(status: &MonopolizationStatus) -> Monopolization<Arc<Sleeping>> {
+    /// Keys may use 5 s of a 10 s window; every attempt runs 2 s (of tokio's paused time, which
+    /// `clock` reads).
+    fn half_of_ten_seconds(
+        status: &MonopolizationStatus,
+        clock: Arc<TokioClock>,
+    ) -> Monopolization<Arc<Sleeping>> {
         Box::new(MonopolizationLayer {
             settings: MonopolizationSettings {
                 threshold: 0.5,
@@ -220,6 +238,7 @@ mod tests {
                 cache_size: 8,
             },
             status: status.clone(),
+            clock,
         })
         .wrap(Arc::new(Sleeping(Duration::from_secs(2))))
     }
@@ -227,7 +246,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_key_over_its_share_is_rejected_until_the_window_slides() {
         let status = MonopolizationStatus::default();
-        let layer = half_of_ten_seconds(&status);
+        let layer = half_of_ten_seconds(&status, Arc::new(TokioClock::new()));
         let hog = task(message("hog", json!({})));
         for _ in 0..3 {
             assert_eq!(layer.call(&hog).await, Ok(Value::Null));
@@ -247,9 +266,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn run_time_counts_from_the_admission_when_it_is_known() {
         let status = MonopolizationStatus::default();
-        let layer = half_of_ten_seconds(&status);
+        let clock = Arc::new(TokioClock::new());
+        let layer = half_of_ten_seconds(&status, clock.clone());
         let mut admitted_early = task(message("k", json!({})));
-        admitted_early.started = Some(Instant::now());
+        admitted_early.started = Some(clock.now());
         tokio::time::advance(Duration::from_secs(4)).await;
         assert_eq!(layer.call(&admitted_early).await, Ok(Value::Null));
         let rejected = layer
@@ -269,6 +289,7 @@ mod tests {
                 cache_size: 8,
             },
             status: MonopolizationStatus::default(),
+            clock: Arc::new(TokioClock::new()),
         })
         .wrap(Arc::new(Sleeping(Duration::ZERO)));
         // Keys 0..4 charged long ago, 4..8 in the current window.

@@ -70,6 +70,7 @@ mod tests {
     use super::*;
     use crate::middleware::FailureKind;
     use crate::middleware::stack::testing::{Calls, message, task};
+    use crate::monotonic::{Clock, TokioClock};
     use serde_json::json;
     use tokio::time::Instant;
 
@@ -96,7 +97,7 @@ mod tests {
         let calls = Calls::until_cancelled(FailureKind::Transient);
         let layer = timed(Duration::from_millis(250), calls.clone());
         let mut task = task(message("k", json!({})));
-        task.started = Some(Instant::now());
+        task.started = Some(TokioClock::new().now());
         // The layers above took their time (a store's I/O, say) after the admission.
         tokio::time::advance(Duration::from_millis(200)).await;
         let called = Instant::now();

@@ -2,16 +2,20 @@
 //!
 //! The window is kept in buckets, so memory stays constant. Most outcomes are successes,
 //! recorded from every core. While the newest bucket is open, a success is one atomic add
-//! outside the lock. With a lock per outcome, the lock's cache line moved between the cores
-//! handling messages on every one. The lock-free successes are folded into the newest bucket
-//! whenever the lock is taken. A success that races with the bucket's end lands in the next
-//! bucket, which is within the rate's resolution.
+//! outside the lock, to a counter of the recording thread's own (one of [`SHARDS`], each on a
+//! cache line of its own). With a lock per outcome, or one shared counter, a cache line moved
+//! between the cores handling messages on every outcome, and the line also held what every
+//! outcome reads (when the newest bucket closes). The lock-free successes are folded into the
+//! newest bucket whenever the lock is taken. A success that races with the bucket's end lands
+//! in the next bucket, which is within the rate's resolution.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 use prosody_api::CoarseInstant;
 
@@ -20,6 +24,28 @@ use crate::monotonic::Clock;
 /// Buckets the window is divided in.
 const BUCKETS: u32 = 10;
 
+/// Counters of lock-free successes: more than the cores a consumer usually runs on, so
+/// threads rarely share one (they may: the counters are atomic).
+const SHARDS: usize = 8;
+
+/// Hands each thread its shard, in turn.
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static SHARD: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The calling thread's shard.
+fn shard() -> usize {
+    SHARD.with(|shard| {
+        shard.get().unwrap_or_else(|| {
+            let assigned = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            shard.set(Some(assigned));
+            assigned
+        })
+    })
+}
+
 /// Outcomes over a rolling window.
 #[derive(Debug)]
 pub(super) struct FailureRate {
@@ -27,10 +53,11 @@ pub(super) struct FailureRate {
     /// What `open_until` counts from.
     origin: CoarseInstant,
     window: Mutex<Window>,
-    /// Successes counted outside the lock, not yet in the newest bucket.
-    unfolded: AtomicU64,
+    /// Successes counted outside the lock, not yet in the newest bucket, per shard.
+    unfolded: [CachePadded<AtomicU64>; SHARDS],
     /// When the newest bucket ends, in nanoseconds since `origin`; zero when there is none.
-    open_until: AtomicU64,
+    /// Read by every outcome, written when a bucket opens: on a line the counters do not share.
+    open_until: CachePadded<AtomicU64>,
 }
 
 #[derive(Debug)]
@@ -60,8 +87,8 @@ impl FailureRate {
                 width: length / BUCKETS,
                 buckets: VecDeque::new(),
             }),
-            unfolded: AtomicU64::new(0),
-            open_until: AtomicU64::new(0),
+            unfolded: Default::default(),
+            open_until: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
@@ -71,14 +98,18 @@ impl FailureRate {
         if self.since_origin(self.clock.now()) >= self.open_until.load(Ordering::Acquire) {
             return false;
         }
-        self.unfolded.fetch_add(1, Ordering::Relaxed);
+        self.unfolded[shard()].fetch_add(1, Ordering::Relaxed);
         true
     }
 
     /// The window, with every success counted outside the lock folded in.
     pub(super) fn lock(&self) -> Locked<'_> {
         let mut window = self.window.lock();
-        let unfolded = self.unfolded.swap(0, Ordering::AcqRel);
+        let unfolded: u64 = self
+            .unfolded
+            .iter()
+            .map(|count| count.swap(0, Ordering::AcqRel))
+            .sum();
         // They were counted while the newest bucket was open, so they belong to it. If it
         // has left the window since, so have they.
         if let Some(newest) = window.buckets.back_mut() {
@@ -189,6 +220,25 @@ mod tests {
         let (failure_rate, samples) = rate.lock().rate();
         assert_eq!(samples, 8);
         assert!((failure_rate - 1.0 / 8.0).abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn successes_counted_on_many_threads_are_all_folded_in() {
+        let (rate, _clock) = rate(Duration::from_secs(10));
+        rate.lock().record(false);
+        // More threads than shards, so some share one.
+        std::thread::scope(|scope| {
+            for _ in 0..(SHARDS + 3) {
+                scope.spawn(|| {
+                    for _ in 0..1_000 {
+                        assert!(rate.try_count_success());
+                    }
+                });
+            }
+        });
+        let counted = u64::try_from((SHARDS + 3) * 1_000).unwrap() + 1;
+        assert_eq!(rate.lock().rate(), (0.0, counted));
+        assert_eq!(rate.lock().rate(), (0.0, counted), "folded once");
     }
 
     #[test]

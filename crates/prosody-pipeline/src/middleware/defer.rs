@@ -291,7 +291,11 @@ impl KeyWork {
 /// One ownership of a partition (until `revoked` fires) and its deferred keys, read from the
 /// store by the first event that needs them.
 struct Ownership {
-    revoked: CancellationToken,
+    /// The assignment's cancellation, the dispatch's own `Arc`: an event of the same assignment
+    /// carries this very `Arc`, which is how an event finds its ownership without locking the
+    /// token to ask whether it fired. Held here, it cannot be freed and its address reused by
+    /// a later assignment while the ownership is remembered.
+    revoked: Arc<CancellationToken>,
     keys: OnceCell<Mutex<DeferredKeys>>,
 }
 
@@ -483,19 +487,20 @@ impl<S: Service> Defer<S> {
         }
     }
 
-    /// The current ownership of the partition: a new one at first sight or after a
-    /// revocation, so nothing known from an earlier ownership is trusted.
+    /// The ownership of the partition by the assignment `cancel` belongs to: a new one at
+    /// first sight or for a new assignment, so nothing known from an earlier ownership is
+    /// trusted.
     fn ownership(
         &self,
         topic: &Topic,
         partition: Partition,
-        cancel: &CancellationToken,
+        cancel: &Arc<CancellationToken>,
     ) -> Arc<Ownership> {
         let mut owned = self.owned.lock();
         if let Some(ownership) = owned
             .get(topic)
             .and_then(|partitions| partitions.get(&partition))
-            && !ownership.revoked.is_cancelled()
+            && Arc::ptr_eq(&ownership.revoked, cancel)
         {
             return ownership.clone();
         }
@@ -1353,7 +1358,7 @@ mod tests {
         }
     }
 
-    fn owned_by(event: Event, offset: i64, ownership: &CancellationToken) -> Task<'static> {
+    fn owned_by(event: Event, offset: i64, ownership: &Arc<CancellationToken>) -> Task<'static> {
         Task {
             cancel: leak(ownership.clone()),
             ..at(event, offset)
@@ -1389,7 +1394,7 @@ mod tests {
             give_up: Destination::Log,
         })
         .wrap(f.inner.clone());
-        let ownership = CancellationToken::new();
+        let ownership = Arc::new(CancellationToken::new());
         for (offset, key) in (2..).zip(["a", "b", "a", "c"]) {
             let verdict = layer
                 .call(&owned_by(message(key, json!({})), offset, &ownership))
@@ -1442,7 +1447,7 @@ mod tests {
         );
         // A revocation ends the ownership: the next one lists the keys again.
         ownership.cancel();
-        let next = CancellationToken::new();
+        let next = Arc::new(CancellationToken::new());
         layer
             .call(&owned_by(message("b", json!({})), 11, &next))
             .await

@@ -432,7 +432,7 @@ pub(crate) mod testing {
     pub(crate) fn task(event: Event) -> Task<'static> {
         Task {
             event: Box::leak(Box::new(event)),
-            cancel: leak(CancellationToken::new()),
+            cancel: leak(Arc::new(CancellationToken::new())),
             deadline: None,
             started: None,
             attempt: 1,

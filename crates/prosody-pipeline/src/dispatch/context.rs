@@ -37,7 +37,7 @@ pub struct AttemptContext<'a> {
     deadline: Option<Instant>,
     attempt: u32,
     ended: AtomicBool,
-    timers: Option<StagedTimers>,
+    timers: Option<StagedTimers<'a>>,
     state: Option<AttemptState>,
 }
 
@@ -79,7 +79,7 @@ impl<'a> AttemptContext<'a> {
     /// Gives the context the timers API, staged in `timers` (from
     /// [`crate::timers::Timers::stage`] for the attempt's event).
     #[must_use]
-    pub fn with_timers(mut self, timers: StagedTimers) -> Self {
+    pub fn with_timers(mut self, timers: StagedTimers<'a>) -> Self {
         self.timers = Some(timers);
         self
     }
@@ -174,7 +174,7 @@ impl<'a> AttemptContext<'a> {
             .ok_or_else(|| ContextError::Unregistered(collection.to_owned()))
     }
 
-    fn timers(&self) -> Result<&StagedTimers, ContextError> {
+    fn timers(&self) -> Result<&StagedTimers<'a>, ContextError> {
         self.live()?;
         self.timers.as_ref().ok_or_else(|| {
             ContextError::InvalidRequest(
@@ -303,16 +303,15 @@ mod tests {
             TimerSettings::default(),
         );
         let (key, cancel) = (Key::from("k"), CancellationToken::new());
-        let attempt =
-            |event: &Event| AttemptContext::new(&key, &cancel).with_timers(timers.stage(event));
-        let on_message = attempt(&message("k", json!({})));
+        let message = message("k", json!({}));
+        let on_message = AttemptContext::new(&key, &cancel).with_timers(timers.stage(&message));
         assert!(on_message.writes_nothing());
         on_message
             .schedule(TimerTime::from_secs(4_000_000_000))
             .await
             .expect("staged");
         assert!(!on_message.writes_nothing(), "a staged write is committed");
-        let on_timer = attempt(&Event::Timer(FiredTimer {
+        let fired = Event::Timer(FiredTimer {
             topic: Topic::from("t"),
             partition: Partition(0),
             kind: TimerKind::Application,
@@ -320,7 +319,8 @@ mod tests {
                 key: Key::from("k"),
                 time: TimerTime::from_secs(4_000_000_000),
             },
-        }));
+        });
+        let on_timer = AttemptContext::new(&key, &cancel).with_timers(timers.stage(&fired));
         assert!(
             !on_timer.writes_nothing(),
             "the fired timer is removed by the commit"

@@ -51,7 +51,7 @@ impl<H> HandlerService<H> {
         self
     }
 
-    fn context<'t>(&self, task: &Task<'t>) -> AttemptContext<'t> {
+    fn context<'t>(&'t self, task: &Task<'t>) -> AttemptContext<'t> {
         let context = AttemptContext::for_attempt(task.event.key(), task.cancel, task.attempt)
             .with_deadline(task.deadline);
         let context = match &self.timers {

@@ -98,7 +98,7 @@ impl AttemptState {
     /// # Errors
     /// The store's error. After the state batch landed, an error leaves the journal entry for
     /// the key's next attempt or the recovery sweep to finish.
-    pub async fn commit_with(&self, timers: &StagedTimers) -> Result<(), StorageError> {
+    pub async fn commit_with(&self, timers: &StagedTimers<'_>) -> Result<(), StorageError> {
         let mut writes = self.take_writes().await;
         if writes.is_empty() {
             return timers.commit().await;

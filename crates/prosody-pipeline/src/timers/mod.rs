@@ -235,19 +235,13 @@ impl Timers {
 
     /// A staging buffer for one attempt on `event`: the timers API of its context.
     #[must_use]
-    pub fn stage(&self, event: &Event) -> StagedTimers {
+    pub fn stage<'a>(&'a self, event: &'a Event) -> StagedTimers<'a> {
         let (topic, partition) = event.source();
         let fired = match event {
             Event::Timer(fired) => Some(stored(fired)),
             Event::Message(_) | Event::Excise(_) | Event::Rejected(_) => None,
         };
-        StagedTimers::new(
-            self.clone(),
-            topic.clone(),
-            partition,
-            event.key().clone(),
-            fired,
-        )
+        StagedTimers::new(self, topic, partition, event.key(), fired)
     }
 
     /// A snapshot of every running manager's in-memory timers.

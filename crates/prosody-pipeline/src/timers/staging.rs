@@ -12,23 +12,27 @@ use super::queue::TimerWrite;
 /// The timer writes of one attempt on one key. Reads see the staged writes; the store sees
 /// them only when the dispatch [commits](Self::commit) after the attempt succeeded, so a
 /// failed attempt leaves no timer behind and its retry does not add a second one.
+///
+/// It borrows the timers runtime and the event's topic and key, for the attempt is over before
+/// the dispatch ends: shares of them, taken for every event, moved their reference counts
+/// between the cores handling events.
 #[derive(Debug)]
-pub struct StagedTimers {
-    timers: Timers,
-    topic: Topic,
+pub struct StagedTimers<'a> {
+    timers: &'a Timers,
+    topic: &'a Topic,
     partition: Partition,
-    key: Key,
+    key: &'a Key,
     /// The timer whose firing this attempt handles: it is removed when the event completes.
     fired: Option<StoredTimer>,
     writes: Mutex<Vec<TimerWrite>>,
 }
 
-impl StagedTimers {
+impl<'a> StagedTimers<'a> {
     pub(crate) fn new(
-        timers: Timers,
-        topic: Topic,
+        timers: &'a Timers,
+        topic: &'a Topic,
         partition: Partition,
-        key: Key,
+        key: &'a Key,
         fired: Option<StoredTimer>,
     ) -> Self {
         Self {
@@ -67,11 +71,11 @@ impl StagedTimers {
     pub async fn scheduled(&self, kind: TimerKind) -> Result<Vec<TimerTime>, StorageError> {
         // The scope is built here, on the rare read, rather than for every attempt: it clones
         // the group and topic names, whose reference counts every worker shares.
-        let scope = self.timers.scope(&self.topic, self.partition);
+        let scope = self.timers.scope(self.topic, self.partition);
         let stored = self
             .timers
             .store()
-            .scheduled(&scope, &self.key, kind)
+            .scheduled(&scope, self.key, kind)
             .await?;
         let mut times: BTreeSet<TimerTime> = stored.into_iter().collect();
         if let Some(fired) = self.fired.as_ref().filter(|fired| fired.kind == kind) {
@@ -113,7 +117,7 @@ impl StagedTimers {
     /// The timers runtime the writes go to.
     #[must_use]
     pub fn runtime(&self) -> &Timers {
-        &self.timers
+        self.timers
     }
 
     /// True when a commit would do nothing: no write was staged and no fired timer awaits its
@@ -165,7 +169,7 @@ impl StagedTimers {
 
     async fn write(&self, write: &TimerWrite) -> Result<(), StorageError> {
         self.timers
-            .write_now(&self.topic, self.partition, &self.key, write)
+            .write_now(self.topic, self.partition, self.key, write)
             .await
     }
 }

@@ -125,7 +125,7 @@ pub async fn dispatch_one(subject: &Subject, event: Event, cancel: Arc<Cancellat
     let permit = PermitSlot::holding(admit(&*subject.admission, &key, TaskClass::Normal).await);
     let outcome = subject
         .dispatch
-        .dispatch_admitted(&event, cancel, permit.clone())
+        .dispatch_admitted(&event, &cancel, &permit)
         .await;
     drop(permit);
     if outcome != Outcome::Completed {

@@ -47,21 +47,22 @@ pub trait Dispatch: Send + Sync + 'static {
     /// Handles `event`. `cancel` fires when the work must stop (revocation, shutdown).
     async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome;
 
-    /// Handles `event` holding the admission permit the engine acquired for it in `permit`.
+    /// Handles `event` under the admission permit the engine acquired for it, in `permit`.
     /// The engine calls this one; a dispatch that retries overrides it to give the permit
-    /// back while it waits (see [`super::admission`]). The default holds the permit for the
-    /// whole dispatch.
+    /// back while it waits (see [`super::admission`]). The default leaves the permit where it
+    /// is, so it is held for the whole dispatch.
     ///
-    /// The event is borrowed: the engine's runner keeps it while the dispatch runs, so the
-    /// dispatch need not allocate for it.
+    /// Everything is borrowed: the engine's runner keeps the event, its partition's
+    /// cancellation and the permit's slot while the dispatch runs, so the dispatch needs no
+    /// allocation for the event and no share of what the partition's events have in common.
     async fn dispatch_admitted(
         &self,
         event: &Event,
-        cancel: Arc<CancellationToken>,
-        permit: PermitSlot,
+        cancel: &Arc<CancellationToken>,
+        permit: &PermitSlot,
     ) -> Outcome {
-        let _held = permit;
-        self.dispatch(event.clone(), cancel).await
+        let _ = permit;
+        self.dispatch(event.clone(), cancel.clone()).await
     }
 }
 
@@ -542,19 +543,22 @@ impl Engine {
         let partition = &slot.partition;
         // One slot for all of the runner's events, refilled per event (see `PermitSlot::hold`).
         let mut permit = PermitSlot::default();
+        // The assignment's cancellation, the same for every event the runner serves: lent to
+        // each dispatch rather than shared per event.
+        let cancel = slot.work.lock().cancel_token().clone();
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
             permit.hold(admit(&*self.inner.admission, &key, TaskClass::Normal).await);
             let taken = {
                 let mut work = slot.work.lock();
                 match work.next_for(&key) {
-                    Some(next) => Ok((next, work.cancel_token().clone())),
+                    Some(next) => Ok(next),
                     // Revoked, or (never expected) a key with nothing queued: settle it like
                     // the end of an event, so a key waiting for a runner is not stranded.
                     None => Err(work.after_event(&key)),
                 }
             };
-            let (event, cancel) = match taken {
+            let event = match taken {
                 Ok(taken) => taken,
                 Err(next) => {
                     drop(permit.take());
@@ -595,11 +599,11 @@ impl Engine {
                 key = next;
                 continue;
             }
-            let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
-                &event,
-                cancel,
-                permit.clone(),
-            ))
+            let dispatched = AssertUnwindSafe(
+                self.inner
+                    .dispatch
+                    .dispatch_admitted(&event, &cancel, &permit),
+            )
             .catch_unwind()
             .await;
             let completed = match dispatched {

@@ -184,17 +184,18 @@ pub fn compose(settings: StackSettings, handler: impl Service) -> Arc<dyn DynSer
 /// its own, whose `dispatch_boxed` would box a second time.
 pub trait DynService: Send + Sync + 'static {
     /// Runs `event` through the service as its first attempt and answers the engine's
-    /// [`Outcome`] of the verdict, in one boxed future that owns the event's cancellation and
-    /// its permit: the engine's dispatch future itself, so an event costs one allocation for
-    /// the stack's future rather than one for it and one around it. The event is borrowed
-    /// from the caller (the engine's runner keeps it in its own frame): in the future, it
-    /// would take it past the ~1 KiB glibc serves from its per-thread cache (see [`Boxed`]),
-    /// and boxed on its own it was an allocation per event.
+    /// [`Outcome`] of the verdict, in one boxed future: the engine's dispatch future itself, so
+    /// an event costs one allocation for the stack's future rather than one for it and one
+    /// around it. The event, its assignment's cancellation and the permit's slot are borrowed
+    /// from the caller (the engine's runner keeps them while the dispatch runs): in the future
+    /// the event would take it past the ~1 KiB glibc serves from its per-thread cache (see
+    /// [`Boxed`]), boxed on its own it was an allocation per event, and a share of the
+    /// cancellation per event moved its reference count between the cores.
     fn dispatch_boxed<'a>(
         &'a self,
         event: &'a Event,
-        cancel: Arc<CancellationToken>,
-        permit: PermitSlot,
+        cancel: &'a Arc<CancellationToken>,
+        permit: &'a PermitSlot,
     ) -> BoxFuture<'a, Outcome>;
 }
 
@@ -202,17 +203,17 @@ impl<S: Service> DynService for S {
     fn dispatch_boxed<'a>(
         &'a self,
         event: &'a Event,
-        cancel: Arc<CancellationToken>,
-        permit: PermitSlot,
+        cancel: &'a Arc<CancellationToken>,
+        permit: &'a PermitSlot,
     ) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
             let task = Task {
                 event,
-                cancel: &cancel,
+                cancel,
                 deadline: None,
                 started: permit.granted_at(),
                 attempt: 1,
-                permit: &permit,
+                permit,
             };
             let verdict = self.call(&task).await;
             outcome(&task, verdict)
@@ -259,21 +260,23 @@ impl StackDispatch {
 #[async_trait]
 impl Dispatch for StackDispatch {
     async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome {
-        self.dispatch_admitted(&event, cancel, PermitSlot::default())
+        self.dispatch_admitted(&event, &cancel, &PermitSlot::default())
             .await
     }
 
     /// Not an `async fn`: the stack's boxed future is returned as the dispatch's own, rather
     /// than boxed again inside another.
-    fn dispatch_admitted<'life0, 'life1, 'async_trait>(
+    fn dispatch_admitted<'life0, 'life1, 'life2, 'life3, 'async_trait>(
         &'life0 self,
         event: &'life1 Event,
-        cancel: Arc<CancellationToken>,
-        permit: PermitSlot,
+        cancel: &'life2 Arc<CancellationToken>,
+        permit: &'life3 PermitSlot,
     ) -> BoxFuture<'async_trait, Outcome>
     where
         'life0: 'async_trait,
         'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
         Self: 'async_trait,
     {
         // Through the trait object: the `Arc` is a service of its own.

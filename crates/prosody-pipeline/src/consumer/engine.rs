@@ -743,11 +743,20 @@ mod tests {
         done: AtomicUsize,
         gate: Option<Arc<Semaphore>>,
         wait_for_cancel: bool,
+        /// Each distinct cancellation a dispatch was given, kept alive so none of their
+        /// addresses is reused.
+        cancellations: Mutex<Vec<Arc<CancellationToken>>>,
     }
 
     #[async_trait]
     impl Dispatch for Recorder {
         async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome {
+            {
+                let mut cancellations = self.cancellations.lock();
+                if !cancellations.iter().any(|seen| Arc::ptr_eq(seen, &cancel)) {
+                    cancellations.push(cancel.clone());
+                }
+            }
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             self.peak.fetch_max(now, Ordering::SeqCst);
             let offset = event.offset().map_or(-1, |offset| offset.0);
@@ -833,6 +842,30 @@ mod tests {
             );
         }
         until(|| engine.committable() == vec![(partition.clone(), Offset(2_000))]).await;
+    }
+
+    /// The defer layer tells assignments apart by their cancellation's identity.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_event_of_an_assignment_carries_its_one_cancellation() {
+        let recorder = Arc::new(Recorder::default());
+        let flow = Arc::new(RecordingFlow::default());
+        let engine = engine(recorder.clone(), flow, 4, 1_000, Duration::from_secs(5));
+        let partition = TopicPartition::new("t", 0);
+        engine.assign([partition.clone()]);
+        for offset in 0..200 {
+            engine.offer(&partition, event(&format!("k{}", offset % 13), offset));
+        }
+        until(|| recorder.done.load(Ordering::SeqCst) == 200).await;
+        assert_eq!(recorder.cancellations.lock().len(), 1, "one per assignment");
+        engine.revoke(std::slice::from_ref(&partition)).await;
+        engine.assign([partition.clone()]);
+        engine.offer(&partition, event("k0", 200));
+        until(|| recorder.done.load(Ordering::SeqCst) == 201).await;
+        assert_eq!(
+            recorder.cancellations.lock().len(),
+            2,
+            "a new assignment has its own"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

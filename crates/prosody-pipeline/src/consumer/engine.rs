@@ -822,17 +822,25 @@ mod tests {
         .expect("condition within 10 s");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn keys_in_order_concurrency_bounded() {
+    /// An engine of 4 slots that has handled `events` events over `keys` keys of one
+    /// assigned partition.
+    async fn handled(keys: i64, events: i64) -> (Arc<Recorder>, Engine, TopicPartition) {
         let recorder = Arc::new(Recorder::default());
         let flow = Arc::new(RecordingFlow::default());
         let engine = engine(recorder.clone(), flow, 4, 1_000, Duration::from_secs(5));
         let partition = TopicPartition::new("t", 0);
         engine.assign([partition.clone()]);
-        for offset in 0..2_000 {
-            engine.offer(&partition, event(&format!("k{}", offset % 37), offset));
+        for offset in 0..events {
+            engine.offer(&partition, event(&format!("k{}", offset % keys), offset));
         }
-        until(|| recorder.done.load(Ordering::SeqCst) == 2_000).await;
+        let expected = usize::try_from(events).unwrap();
+        until(|| recorder.done.load(Ordering::SeqCst) == expected).await;
+        (recorder, engine, partition)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn keys_in_order_concurrency_bounded() {
+        let (recorder, engine, partition) = handled(37, 2_000).await;
         let peak = recorder.peak.load(Ordering::SeqCst);
         assert!(peak > 1 && peak <= 4, "peak concurrency {peak}");
         for (key, offsets) in recorder.seen.lock().iter() {
@@ -847,15 +855,7 @@ mod tests {
     /// The defer layer tells assignments apart by their cancellation's identity.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_event_of_an_assignment_carries_its_one_cancellation() {
-        let recorder = Arc::new(Recorder::default());
-        let flow = Arc::new(RecordingFlow::default());
-        let engine = engine(recorder.clone(), flow, 4, 1_000, Duration::from_secs(5));
-        let partition = TopicPartition::new("t", 0);
-        engine.assign([partition.clone()]);
-        for offset in 0..200 {
-            engine.offer(&partition, event(&format!("k{}", offset % 13), offset));
-        }
-        until(|| recorder.done.load(Ordering::SeqCst) == 200).await;
+        let (recorder, engine, partition) = handled(13, 200).await;
         assert_eq!(recorder.cancellations.lock().len(), 1, "one per assignment");
         engine.revoke(std::slice::from_ref(&partition)).await;
         engine.assign([partition.clone()]);

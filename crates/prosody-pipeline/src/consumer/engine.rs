@@ -59,9 +59,8 @@ pub trait Dispatch: Send + Sync + 'static {
         &self,
         event: &Event,
         cancel: &Arc<CancellationToken>,
-        permit: &PermitSlot,
+        _permit: &PermitSlot,
     ) -> Outcome {
-        let _ = permit;
         self.dispatch(event.clone(), cancel.clone()).await
     }
 }
@@ -91,6 +90,10 @@ pub struct EngineLimits {
 /// and a runner that outlives a revocation only ever sees its own (revoked) assignment.
 struct Slot {
     partition: TopicPartition,
+    /// Cancellation of every handler of this assignment (fired on revocation and shutdown).
+    /// Fixed for the assignment, so runners lend it to each dispatch without a lock, and its
+    /// identity tells one assignment from another (see `middleware::defer`).
+    cancel: Arc<CancellationToken>,
     work: Mutex<PartitionWork<Work>>,
     health: PartitionHealth,
     drained: Notify,
@@ -233,7 +236,6 @@ impl Engine {
                 generation,
                 self.inner.limits.max_uncommitted,
                 self.inner.limits.max_concurrency,
-                Arc::new(CancellationToken::new()),
             );
             let health = self
                 .inner
@@ -244,6 +246,7 @@ impl Engine {
                 partition.clone(),
                 Arc::new(Slot {
                     partition,
+                    cancel: Arc::new(CancellationToken::new()),
                     work: Mutex::new(work),
                     health,
                     drained: Notify::new(),
@@ -391,11 +394,9 @@ impl Engine {
         let mut waits = Vec::new();
         for partition in partitions {
             if let Some(slot) = self.slot(partition) {
-                let mut work = slot.work.lock();
-                if !slot.retire(&mut work) {
-                    let cancel = work.cancel_token().clone();
-                    drop(work);
-                    waits.push((slot, cancel));
+                let drained = slot.retire(&mut slot.work.lock());
+                if !drained {
+                    waits.push(slot);
                 }
             }
         }
@@ -403,15 +404,15 @@ impl Engine {
             let budget = self.inner.limits.shutdown_timeout;
             let cancel_at = budget.saturating_sub(budget / 5);
             let drained =
-                futures::future::join_all(waits.iter().map(|(slot, _)| slot.drained.notified()));
+                futures::future::join_all(waits.iter().map(|slot| slot.drained.notified()));
             tokio::pin!(drained);
             if tokio::time::timeout(cancel_at, &mut drained).await.is_err() {
                 warn!(
                     ?partitions,
                     "handlers still running near the shutdown deadline: cancelling"
                 );
-                for (_, cancel) in &waits {
-                    cancel.cancel();
+                for slot in &waits {
+                    slot.cancel.cancel();
                 }
                 if tokio::time::timeout(budget.saturating_sub(cancel_at), &mut drained)
                     .await
@@ -425,7 +426,7 @@ impl Engine {
                 }
             }
         }
-        let offsets = self.forget(partitions, |_, work| work.cancel_token().cancel());
+        let offsets = self.forget(partitions, |slot, _| slot.cancel.cancel());
         let hooks = self.inner.revocation_hooks.lock().clone();
         for hook in hooks {
             hook(partitions);
@@ -543,9 +544,6 @@ impl Engine {
         let partition = &slot.partition;
         // One slot for all of the runner's events, refilled per event (see `PermitSlot::hold`).
         let mut permit = PermitSlot::default();
-        // The assignment's cancellation, the same for every event the runner serves: lent to
-        // each dispatch rather than shared per event.
-        let cancel = slot.work.lock().cancel_token().clone();
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
             permit.hold(admit(&*self.inner.admission, &key, TaskClass::Normal).await);
@@ -599,11 +597,11 @@ impl Engine {
                 key = next;
                 continue;
             }
-            let dispatched = AssertUnwindSafe(
-                self.inner
-                    .dispatch
-                    .dispatch_admitted(&event, &cancel, &permit),
-            )
+            let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
+                &event,
+                &slot.cancel,
+                &permit,
+            ))
             .catch_unwind()
             .await;
             let completed = match dispatched {

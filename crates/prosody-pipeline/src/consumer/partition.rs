@@ -27,8 +27,6 @@
 use prosody_api::{Key, Offset};
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
 use super::offsets::OffsetTracker;
 use super::work::Keyed;
@@ -111,7 +109,6 @@ pub struct PartitionWork<T> {
     paused: bool,
     pause_pending: bool,
     revoked: bool,
-    cancel: Arc<CancellationToken>,
 }
 
 impl<T: Keyed> PartitionWork<T> {
@@ -120,12 +117,7 @@ impl<T: Keyed> PartitionWork<T> {
     /// touch a later one. `max_backlog` (>= 1) bounds queued plus running events;
     /// `max_runners` (>= 1) bounds the runners serving its keys.
     #[must_use]
-    pub fn new(
-        generation: u64,
-        max_backlog: usize,
-        max_runners: usize,
-        cancel: Arc<CancellationToken>,
-    ) -> Self {
+    pub fn new(generation: u64, max_backlog: usize, max_runners: usize) -> Self {
         Self {
             generation,
             max_backlog: max_backlog.max(1),
@@ -142,7 +134,6 @@ impl<T: Keyed> PartitionWork<T> {
             paused: false,
             pause_pending: false,
             revoked: false,
-            cancel,
         }
     }
 
@@ -150,12 +141,6 @@ impl<T: Keyed> PartitionWork<T> {
     #[must_use]
     pub fn generation(&self) -> u64 {
         self.generation
-    }
-
-    /// Cancellation of every handler of this assignment (fired on revocation and shutdown).
-    #[must_use]
-    pub fn cancel_token(&self) -> &Arc<CancellationToken> {
-        &self.cancel
     }
 
     /// Offers a received event: admits it into its key's queue, or holds it when the backlog is
@@ -395,7 +380,6 @@ mod tests {
 
     use super::*;
     use crate::event::Event;
-    use std::sync::Arc;
 
     fn event(key: &str, offset: i64) -> Event {
         Event::Message(Message {
@@ -410,7 +394,7 @@ mod tests {
     }
 
     fn work(max_backlog: usize) -> PartitionWork<Event> {
-        PartitionWork::new(1, max_backlog, 100, Arc::new(CancellationToken::new()))
+        PartitionWork::new(1, max_backlog, 100)
     }
 
     #[test]
@@ -558,7 +542,7 @@ mod tests {
 
     #[test]
     fn runners_are_capped_and_waiting_keys_take_turns() {
-        let mut work = PartitionWork::new(1, 100, 2, Arc::new(CancellationToken::new()));
+        let mut work = PartitionWork::new(1, 100, 2);
         let [a, b, c, d] = ["a", "b", "c", "d"].map(Key::from);
         assert_eq!(work.offer(event("a", 0)), Offer::StartRunner(a.clone()));
         assert_eq!(work.offer(event("b", 1)), Offer::StartRunner(b.clone()));
@@ -601,7 +585,7 @@ mod tests {
 
     #[test]
     fn parked_runners_are_woken_for_new_keys_before_new_runners_start() {
-        let mut work = PartitionWork::new(1, 3, 4, Arc::new(CancellationToken::new()));
+        let mut work = PartitionWork::new(1, 3, 4);
         let [a, b, c, d] = ["a", "b", "c", "d"].map(Key::from);
         assert_eq!(work.offer(event("a", 0)), Offer::StartRunner(a.clone()));
         assert_eq!(work.offer(event("b", 1)), Offer::StartRunner(b.clone()));
@@ -638,7 +622,7 @@ mod tests {
 
     #[test]
     fn a_revocation_forgets_keys_waiting_for_a_runner() {
-        let mut work = PartitionWork::new(1, 100, 1, Arc::new(CancellationToken::new()));
+        let mut work = PartitionWork::new(1, 100, 1);
         let a = Key::from("a");
         assert_eq!(work.offer(event("a", 0)), Offer::StartRunner(a.clone()));
         assert_eq!(work.offer(event("b", 1)), Offer::Queued);

@@ -59,13 +59,11 @@ pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
 pub struct Task<'a> {
     /// The event.
     pub event: &'a Event,
-    /// Fires when the work must stop: revocation and shutdown. Borrowed, like everything the
-    /// attempt needs from its dispatch: tokio-util takes its token tree's lock on every clone
-    /// and drop of a token.
-    ///
-    /// The dispatch's own `Arc`, borrowed: one per partition assignment, so its identity tells
-    /// a layer keeping per-assignment state (deferral ownership) which assignment an event
-    /// belongs to without asking the token.
+    /// Fires when the work must stop: revocation and shutdown. The partition assignment's own
+    /// `Arc`, borrowed like everything the attempt needs from its dispatch (tokio-util takes
+    /// its token tree's lock on every clone and drop of a token). There is one per assignment,
+    /// so its identity tells a layer keeping per-assignment state (deferral ownership) which
+    /// assignment an event belongs to without asking the token.
     pub cancel: &'a Arc<CancellationToken>,
     /// Past this instant the attempt counts as cancelled too (set by the timeout layer).
     /// A deadline rather than a timer per attempt: nothing is registered unless the handler

@@ -18,6 +18,7 @@
 //! - [`logging`]: the `tracing` subscriber whose events go to the JavaScript logger.
 //! - [`mock_drain`]: mock-mode shutdown waits until the in-process topics are consumed.
 //! - [`errors`]: how Rust errors cross to JavaScript with their transient/permanent class.
+//! - [`runtime`]: the tokio runtime the addon starts, with one worker fewer than the cores.
 #![allow(
     clippy::needless_pass_by_value,
     reason = "napi-derive converts JavaScript arguments into owned values"
@@ -32,4 +33,5 @@ pub mod errors;
 pub mod handler;
 pub mod logging;
 pub mod mock_drain;
+pub mod runtime;
 pub mod state;

@@ -28,7 +28,8 @@ fn init() {
             available_parallelism().unwrap_or(NonZeroUsize::MIN),
         ));
     }
-    // Should the build fail, napi-rs builds its default runtime instead.
+    // Should the build fail, napi-rs builds its default runtime instead; it does so too when
+    // this one was shut down with a Node.js environment and another environment starts one.
     if let Ok(runtime) = builder.build() {
         create_custom_tokio_runtime(runtime);
     }

@@ -9,15 +9,25 @@
 #[derive(Debug)]
 pub struct SweepSchedule {
     next_at: usize,
+    minimum: usize,
 }
 
 /// Below this many entries a sweep is not worth it.
 const MIN_SWEEP_LEN: usize = 1024;
 
 impl SweepSchedule {
+    /// The fewest entries a store sweeps at (a store in parts divides it between them).
+    pub const MINIMUM: usize = MIN_SWEEP_LEN;
+
     pub const fn new() -> Self {
+        Self::with_minimum(MIN_SWEEP_LEN)
+    }
+
+    /// A schedule that never sweeps fewer than `minimum` entries.
+    pub const fn with_minimum(minimum: usize) -> Self {
         Self {
-            next_at: MIN_SWEEP_LEN,
+            next_at: minimum,
+            minimum,
         }
     }
 
@@ -28,7 +38,7 @@ impl SweepSchedule {
 
     /// Records that a sweep left `len` entries.
     pub fn swept(&mut self, len: usize) {
-        self.next_at = len.saturating_mul(2).max(MIN_SWEEP_LEN);
+        self.next_at = len.saturating_mul(2).max(self.minimum);
     }
 }
 

@@ -15,6 +15,7 @@ pub mod monotonic;
 pub mod probes;
 pub mod scheduler;
 pub mod state;
+pub mod tag_shards;
 pub mod telemetry;
 pub mod timers;
 

@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use prosody_api::CoarseInstant;
 use tracing::warn;
 
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::Event;
-use crate::hashing::{TagMap, forget_any};
+use crate::hashing::forget_any;
 use crate::monotonic::Clock;
+use crate::tag_shards::TagShards;
 
 /// Buckets a key's window is divided in.
 const BUCKETS: u32 = 10;
@@ -95,13 +95,14 @@ pub struct Monopolization<S> {
     origin: CoarseInstant,
     width: Duration,
     allowed: u64,
-    /// One lock for lookup and update: a concurrent cache would add its own synchronisation
-    /// to every event for nothing. Keyed by a seeded 64-bit hash of (topic, key) rather than
-    /// the pair: no clones of the shared topic and key per event and no string comparisons on
-    /// lookup. Unlike dedup's, a collision here costs no data: two keys would share one account,
-    /// so one might be deferred early, and among the `monopolizationCacheSize` keys tracked
-    /// (8,192 by default) the chance of any collision is about 2 in 10^12.
-    usage: Mutex<TagMap<Usage>>,
+    /// One lock of a shard for lookup and update: a concurrent cache would add its own
+    /// synchronisation to every event for nothing. Keyed by a seeded 64-bit hash of (topic, key)
+    /// rather than the pair: no clones of the shared topic and key per event and no string
+    /// comparisons on lookup. Unlike dedup's, a collision here costs no data: two keys would
+    /// share one account, so one might be deferred early, and among the
+    /// `monopolizationCacheSize` keys tracked (8,192 by default) the chance of any collision is
+    /// about 2 in 10^12.
+    usage: TagShards<Usage>,
     hasher: foldhash::fast::RandomState,
     status: MonopolizationStatus,
     inner: S,
@@ -132,7 +133,7 @@ impl Layer for MonopolizationLayer {
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
             settings: MonopolizationSettings { window, ..settings },
-            usage: Mutex::new(TagMap::default()),
+            usage: TagShards::new(usize::try_from(settings.cache_size).unwrap_or(usize::MAX)),
             hasher: foldhash::fast::RandomState::default(),
             status: self.status,
             inner,
@@ -152,7 +153,7 @@ impl<S: Service> Service for Monopolization<S> {
         let now = self.bucket(started);
         let used = self
             .usage
-            .lock()
+            .lock(index)
             .get(&index)
             .map_or(0, |usage| usage.total(now));
         if used > self.allowed {
@@ -188,10 +189,8 @@ impl<S: Service> Monopolization<S> {
     }
 
     fn charge(&self, index: u64, now: u64, busy: u64) {
-        let capacity = usize::try_from(self.settings.cache_size)
-            .unwrap_or(usize::MAX)
-            .max(1);
-        let mut usage = self.usage.lock();
+        let capacity = self.usage.shard_capacity();
+        let mut usage = self.usage.lock(index);
         // Room is made before a new key is added, so the key being charged is never the one
         // forgotten.
         if usage.len() >= capacity && !usage.contains_key(&index) {
@@ -301,7 +300,7 @@ mod tests {
         }
         layer.charge(8, 100, 5);
         let kept: Vec<u64> = {
-            let mut kept: Vec<u64> = layer.usage.lock().keys().copied().collect();
+            let mut kept = layer.usage.tags();
             kept.sort_unstable();
             kept
         };
@@ -309,12 +308,14 @@ mod tests {
         for index in 9..13 {
             layer.charge(index, 100, 5);
         }
-        let usage = layer.usage.lock();
         assert_eq!(
-            usage.len(),
+            layer.usage.len(),
             6,
             "room made for a ninth busy key: three quarters with it"
         );
-        assert!(usage.contains_key(&12), "the key just charged is kept");
+        assert!(
+            layer.usage.tags().contains(&12),
+            "the key just charged is kept"
+        );
     }
 }

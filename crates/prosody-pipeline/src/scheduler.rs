@@ -318,19 +318,9 @@ impl FairScheduler {
 impl ChargeRunTime for Shared {
     fn release(self: Arc<Self>, tag: u64, class: TaskClass, since: CoarseInstant) {
         let ran = self.clock.now().saturating_duration_since(since);
-        let class = index(class);
-        let capacity = usize::try_from(self.settings.cache_size)
-            .unwrap_or(usize::MAX)
-            .max(1);
         let unwanted = {
             let mut state = self.state.lock();
-            state.charge(class, tag, nanos(ran), capacity);
-            #[allow(
-                clippy::cast_precision_loss,
-                reason = "run times are far below 2^52 ns"
-            )]
-            let weighted = nanos(ran) as f64 / self.weights[class];
-            state.class_time[class] += weighted;
+            self.charge(&mut state, tag, index(class), ran);
             state.free += 1;
             self.grant(&mut state)
         };
@@ -342,6 +332,47 @@ impl ChargeRunTime for Shared {
 impl Shared {
     fn tag(&self, key: &Key) -> u64 {
         self.tagger.hash_one(key.as_str())
+    }
+
+    /// Charges `ran` to the key tagged `tag` and to `class`.
+    fn charge(&self, state: &mut State, tag: u64, class: usize, ran: Duration) {
+        let capacity = usize::try_from(self.settings.cache_size)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        state.charge(class, tag, nanos(ran), capacity);
+        #[allow(
+            clippy::cast_precision_loss,
+            reason = "run times are far below 2^52 ns"
+        )]
+        let weighted = nanos(ran) as f64 / self.weights[class];
+        state.class_time[class] += weighted;
+    }
+
+    /// Queues a request of the key tagged `tag` in `class` and hands free slots on. Returns
+    /// where its permit arrives, and the permits of waiters that gave up meanwhile (see
+    /// [`Self::grant`]).
+    fn enqueue(
+        self: &Arc<Self>,
+        state: &mut State,
+        tag: u64,
+        class: usize,
+    ) -> (oneshot::Receiver<Permit>, Vec<Permit>) {
+        let vt = state.vt(class, tag);
+        let (grant, receiver) = oneshot::channel();
+        state.arrivals += 1;
+        let arrival = state.arrivals;
+        if state.queues[class].is_empty() && !state.queues[1 - class].is_empty() {
+            // See `grant`: a class that starts waiting again starts level with the other.
+            state.class_time[class] = state.class_time[class].max(state.class_time[1 - class]);
+        }
+        state.queues[class].push(Waiter {
+            tag,
+            vt,
+            arrival,
+            since: Instant::now(),
+            grant,
+        });
+        (receiver, self.grant(state))
     }
 
     fn permit(self: &Arc<Self>, tag: u64, class: usize) -> Permit {
@@ -462,25 +493,53 @@ impl Admission for FairScheduler {
             if state.take_free_slot() {
                 return Request::Granted(shared.permit(tag, class));
             }
-            let vt = state.vt(class, tag);
-            let (grant, receiver) = oneshot::channel();
-            state.arrivals += 1;
-            let arrival = state.arrivals;
-            if state.queues[class].is_empty() && !state.queues[1 - class].is_empty() {
-                // See `grant`: a class that starts waiting again starts level with the other.
-                state.class_time[class] = state.class_time[class].max(state.class_time[1 - class]);
-            }
-            state.queues[class].push(Waiter {
-                tag,
-                vt,
-                arrival,
-                since: Instant::now(),
-                grant,
-            });
-            let unwanted = shared.grant(&mut state);
-            (receiver, unwanted)
+            shared.enqueue(&mut state, tag, class)
         };
         drop(unwanted);
+        Request::Queued(receiver)
+    }
+
+    /// Charges the finished event's run time and, when nobody waits, keeps the slot with the
+    /// runner for its next event, under one lock: the same decision as a release followed by
+    /// a request, which took the lock twice per event and had every grant take (and every
+    /// release drop) a share of the scheduler, a reference count every core wrote per event.
+    fn renew(&self, permit: Permit, key: &Key, class: TaskClass) -> Request {
+        let shared = &self.shared;
+        let mut grant = match permit.into_timed_grant() {
+            Ok(grant) if grant.granted_by(shared) => grant,
+            // Not one of this scheduler's: given back as it is, then asked for anew.
+            other => {
+                drop(other);
+                return self.request(key, class);
+            }
+        };
+        let (held_tag, held_class, since) = grant.terms();
+        let now = shared.clock.now();
+        let class = index(class);
+        let tag = shared.tag(key);
+        let (receiver, unwanted, owner) = {
+            let mut state = shared.state.lock();
+            shared.charge(
+                &mut state,
+                held_tag,
+                index(held_class),
+                now.saturating_duration_since(since),
+            );
+            if state.queues.iter().all(Queue::is_empty) {
+                drop(state);
+                grant.regrant(tag, CLASSES[class], now);
+                return Request::Granted(Permit::from(grant));
+            }
+            // Others wait: the slot goes back and to them first (they were there first, as for
+            // any request), then this request queues.
+            let owner = grant.revoke();
+            state.free += 1;
+            let mut unwanted = shared.grant(&mut state);
+            let (receiver, more) = shared.enqueue(&mut state, tag, class);
+            unwanted.extend(more);
+            (receiver, unwanted, owner)
+        };
+        drop((unwanted, owner));
         Request::Queued(receiver)
     }
 }
@@ -602,6 +661,62 @@ mod tests {
         drop(a);
         let _c = waiting.await.expect("granted");
         assert_eq!((scheduler.free(), scheduler.waiting()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewed_slot_stays_with_its_runner_while_nobody_waits_and_charges_the_event() {
+        let scheduler = scheduler(1);
+        let heavy = Key::from("heavy");
+        let permit = scheduler.acquire(&heavy, TaskClass::Normal).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let Request::Granted(renewed) =
+            scheduler.renew(permit, &Key::from("next"), TaskClass::Normal)
+        else {
+            panic!("nobody waits: renewed at once");
+        };
+        assert_eq!((scheduler.free(), scheduler.waiting()), (0, 0));
+        let charged = {
+            let shared = &scheduler.shared;
+            shared.state.lock().vt(0, shared.tag(&heavy))
+        };
+        assert!(
+            charged >= nanos(Duration::from_secs(5)),
+            "the finished event's run time was charged: {charged} ns"
+        );
+        drop(renewed);
+        assert_eq!(scheduler.free(), 1, "the renewed permit returns the slot");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_yields_the_slot_to_requests_already_waiting() {
+        let scheduler = scheduler(1);
+        let permit = scheduler.acquire(&Key::from("a"), TaskClass::Normal).await;
+        let waiting = tokio::spawn({
+            let scheduler = scheduler.clone();
+            async move { scheduler.acquire(&Key::from("b"), TaskClass::Normal).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(scheduler.waiting(), 1);
+        let Request::Queued(renewal) = scheduler.renew(permit, &Key::from("a"), TaskClass::Normal)
+        else {
+            panic!("a waiter was there first: the renewal queues");
+        };
+        let b = waiting.await.expect("granted");
+        assert_eq!((scheduler.free(), scheduler.waiting()), (0, 1));
+        drop(b);
+        let _a = renewal.await.expect("granted once b is done");
+        assert_eq!((scheduler.free(), scheduler.waiting()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_of_another_admission_is_given_back_and_asked_for_anew() {
+        let scheduler = scheduler(1);
+        let Request::Granted(_held) =
+            scheduler.renew(Permit::new(()), &Key::from("a"), TaskClass::Normal)
+        else {
+            panic!("a free slot");
+        };
+        assert_eq!(scheduler.free(), 0);
     }
 
     #[tokio::test(start_paused = true)]

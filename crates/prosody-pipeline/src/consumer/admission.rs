@@ -48,6 +48,17 @@ pub trait Admission: Send + Sync + 'static {
         self.try_acquire(key, class)
             .map_or(Request::Acquire, Request::Granted)
     }
+
+    /// Asks for a permit for `key` in `class` in exchange for `permit`, which a runner held for
+    /// the event it just finished and would otherwise give back only to ask again at once:
+    /// decided as if `permit` were returned first and then [`Self::request`] made. The default
+    /// does exactly that; an admission that can decide both in one step keeps the slot with
+    /// the runner when nobody waits for it (the fair scheduler: one lock per event instead of
+    /// two).
+    fn renew(&self, permit: Permit, key: &Key, class: TaskClass) -> Request {
+        drop(permit);
+        self.request(key, class)
+    }
 }
 
 /// What [`Admission::request`] decided.
@@ -64,7 +75,18 @@ pub enum Request {
 /// A permit for `key` in `class`: at once when one is free, else by waiting as
 /// [`Admission::request`] directs.
 pub async fn admit<A: Admission + ?Sized>(admission: &A, key: &Key, class: TaskClass) -> Permit {
-    match admission.request(key, class) {
+    settle(admission, admission.request(key, class), key, class).await
+}
+
+/// The permit `request` (of `admission`, for `key` in `class`) stands for: at once when
+/// granted, else by waiting as it directs.
+pub async fn settle<A: Admission + ?Sized>(
+    admission: &A,
+    request: Request,
+    key: &Key,
+    class: TaskClass,
+) -> Permit {
+    match request {
         Request::Granted(permit) => permit,
         Request::Queued(receiver) => match receiver.await {
             Ok(permit) => permit,
@@ -93,6 +115,17 @@ enum Held {
 }
 
 impl Permit {
+    /// The timed grant it is, else itself back.
+    ///
+    /// # Errors
+    /// The permit itself when it is not a [`TimedGrant`].
+    pub fn into_timed_grant(self) -> Result<TimedGrant, Self> {
+        match self.held {
+            Held::Timed { grant } => Ok(grant),
+            held => Err(Self { held }),
+        }
+    }
+
     /// A permit that runs `release`'s `Drop` when it is dropped.
     pub fn new(release: impl Send + Sync + 'static) -> Self {
         Self {
@@ -161,6 +194,37 @@ impl TimedGrant {
             class,
             since,
         }
+    }
+}
+
+impl TimedGrant {
+    /// True when `owner` granted it.
+    #[must_use]
+    pub fn granted_by<T: ChargeRunTime>(&self, owner: &Arc<T>) -> bool {
+        self.owner
+            .as_ref()
+            .is_some_and(|granted| std::ptr::addr_eq(Arc::as_ptr(granted), Arc::as_ptr(owner)))
+    }
+
+    /// The key's tag, the class and the moment it was granted in, as its owner gave them.
+    #[must_use]
+    pub fn terms(&self) -> (u64, TaskClass, CoarseInstant) {
+        (self.tag, self.class, self.since)
+    }
+
+    /// The same slot, granted anew to the key tagged `tag` in `class` at `since`: what its
+    /// owner does when it keeps the slot with a runner from one event to the next.
+    pub fn regrant(&mut self, tag: u64, class: TaskClass, since: CoarseInstant) {
+        self.tag = tag;
+        self.class = class;
+        self.since = since;
+    }
+
+    /// Ends the grant without telling its owner, which took the slot back itself; returns the
+    /// owner so the caller drops it where that is safe (not under the owner's lock).
+    #[must_use]
+    pub fn revoke(mut self) -> Option<Arc<dyn ChargeRunTime>> {
+        self.owner.take()
     }
 }
 

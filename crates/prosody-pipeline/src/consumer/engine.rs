@@ -17,7 +17,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass, admit};
+use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass, settle};
 use super::partition::{Next, Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use super::work::{Keyed, Work};
@@ -544,9 +544,17 @@ impl Engine {
         let partition = &slot.partition;
         // One slot for all of the runner's events, refilled per event (see `PermitSlot::hold`).
         let mut permit = PermitSlot::default();
+        // The permit of the event just finished when the runner goes straight on to another:
+        // renewed rather than given back and asked for again (see `Admission::renew`).
+        let mut renewal = None;
         loop {
             // A key's first attempt is normal work; retries ask again inside the dispatch.
-            permit.hold(admit(&*self.inner.admission, &key, TaskClass::Normal).await);
+            let admission = &*self.inner.admission;
+            let request = match renewal.take() {
+                Some(held) => admission.renew(held, &key, TaskClass::Normal),
+                None => admission.request(&key, TaskClass::Normal),
+            };
+            permit.hold(settle(admission, request, &key, TaskClass::Normal).await);
             let taken = {
                 let mut work = slot.work.lock();
                 match work.next_for(&key) {
@@ -616,9 +624,16 @@ impl Engine {
                 timers.finished(fired, completed);
             }
             let next = self.finish(&slot, &key, offset.filter(|_| completed));
-            // Released only after the finish is recorded, so the engine never counts more
-            // running events than there are permits (unless the dispatch gave it back).
-            drop(permit.take());
+            // Released (or renewed) only after the finish is recorded, so the engine never
+            // counts more running events than there are permits (unless the dispatch gave it
+            // back). A runner that goes on at once keeps it for renewal; one that parks or
+            // stops gives it back now.
+            let held = permit.take();
+            if matches!(next, Next::Same | Next::Switch(_)) {
+                renewal = held;
+            } else {
+                drop(held);
+            }
             // Decided under the lock with the finish: asking for a permit first only to find
             // the queue empty cost a whole admission (and the fair scheduler's bookkeeping) per
             // event, since most keys have one event queued at a time.

@@ -12,7 +12,7 @@ pub mod work;
 
 pub use admission::{
     Admission, ChargeRunTime, Permit, PermitSlot, Request, SemaphoreAdmission, TaskClass,
-    TimedGrant, admit,
+    TimedGrant, admit, settle,
 };
 pub use engine::{Dispatch, Engine, EngineLimits, FlowControl, Load, Outcome, RevocationHook};
 pub use topic_partition::TopicPartition;

@@ -8,10 +8,18 @@
 //! Handler time is kept per key in a few buckets over the window (constant memory per key),
 //! for at most `monopolizationCacheSize` keys; keys with no time left in the window are
 //! forgotten first.
+//!
+//! Most events never reach a key's account. Run time is read on the tick-resolution clock, so
+//! an event shorter than a tick is charged a whole tick or nothing (which averages out to its
+//! run time over the key's events), and nothing is nothing to record. And a key can only be
+//! over its share if some charge brought it past half of it: such keys are *suspects*,
+//! counted as they are charged, and only while there are suspects does an event look its key
+//! up before running. Each look-up and charge is a lock and a cache miss in a table every core
+//! writes, which for fast handlers was several percent of the consumer's CPU.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use prosody_api::CoarseInstant;
@@ -19,7 +27,7 @@ use tracing::warn;
 
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
 use crate::event::Event;
-use crate::hashing::forget_any;
+use crate::hashing::{TagMap, forget_any};
 use crate::monotonic::Clock;
 use crate::tag_shards::TagShards;
 
@@ -44,6 +52,8 @@ struct Usage {
     slots: [(u64, u64); BUCKETS as usize],
     /// The newest bucket charged.
     last: u64,
+    /// Counted among the suspects (see the module documentation).
+    suspect: bool,
 }
 
 impl Usage {
@@ -95,6 +105,11 @@ pub struct Monopolization<S> {
     origin: CoarseInstant,
     width: Duration,
     allowed: u64,
+    /// Time in the window past which a key is a suspect: half of `allowed`.
+    suspect_at: u64,
+    /// Tracked keys past `suspect_at` when last charged or looked up. Read by every event, so
+    /// it is written only when a key becomes or stops being a suspect.
+    suspects: AtomicUsize,
     /// One lock of a shard for lookup and update: a concurrent cache would add its own
     /// synchronisation to every event for nothing. Keyed by a seeded 64-bit hash of (topic, key)
     /// rather than the pair: no clones of the shared topic and key per event and no string
@@ -132,6 +147,8 @@ impl Layer for MonopolizationLayer {
             clock: self.clock,
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
+            suspect_at: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))) / 2,
+            suspects: AtomicUsize::new(0),
             settings: MonopolizationSettings { window, ..settings },
             usage: TagShards::new(usize::try_from(settings.cache_size).unwrap_or(usize::MAX)),
             hasher: foldhash::fast::RandomState::default(),
@@ -150,12 +167,11 @@ impl<S: Service> Service for Monopolization<S> {
         let index = self.hasher.hash_one((topic, task.event.key().as_str()));
         // One start serves the window check and the run time.
         let started = task.started.unwrap_or_else(|| self.clock.now());
-        let now = self.bucket(started);
-        let used = self
-            .usage
-            .lock(index)
-            .get(&index)
-            .map_or(0, |usage| usage.total(now));
+        let used = if self.suspects.load(Ordering::Acquire) == 0 {
+            0
+        } else {
+            self.used(index, self.bucket(started))
+        };
         if used > self.allowed {
             self.status.rejected.fetch_add(1, Ordering::Relaxed);
             let used = Duration::from_nanos(used);
@@ -173,11 +189,10 @@ impl<S: Service> Service for Monopolization<S> {
         }
         let verdict = self.inner.call(task).await;
         let ended = self.clock.now();
-        self.charge(
-            index,
-            self.bucket(ended),
-            nanos(ended.saturating_duration_since(started)),
-        );
+        let busy = nanos(ended.saturating_duration_since(started));
+        if busy > 0 {
+            self.charge(index, self.bucket(ended), busy);
+        }
         verdict
     }
 }
@@ -188,20 +203,50 @@ impl<S: Service> Monopolization<S> {
         nanos(at.saturating_duration_since(self.origin)) / width
     }
 
+    /// The time of the key indexed `index` in the window ending in bucket `now`; a key no
+    /// longer past half its share stops being a suspect.
+    fn used(&self, index: u64, now: u64) -> u64 {
+        let mut usage = self.usage.lock(index);
+        let Some(key) = usage.get_mut(&index) else {
+            return 0;
+        };
+        let used = key.total(now);
+        if key.suspect && used <= self.suspect_at {
+            key.suspect = false;
+            self.suspects.fetch_sub(1, Ordering::Release);
+        }
+        used
+    }
+
     fn charge(&self, index: u64, now: u64, busy: u64) {
         let capacity = self.usage.shard_capacity();
         let mut usage = self.usage.lock(index);
         // Room is made before a new key is added, so the key being charged is never the one
         // forgotten.
         if usage.len() >= capacity && !usage.contains_key(&index) {
+            let before = suspects_in(&usage);
             // Keys with no time left in the window lose nothing by being forgotten; beyond
             // that, arbitrary ones go. A quarter at a time keeps the cost per event constant.
             usage.retain(|_, key| key.charged_within(now));
             let excess = (usage.len() + 1).saturating_sub(capacity - capacity / 4);
             forget_any(&mut *usage, excess);
+            let forgotten = before - suspects_in(&usage);
+            if forgotten > 0 {
+                self.suspects.fetch_sub(forgotten, Ordering::Release);
+            }
         }
-        usage.entry(index).or_default().add(now, busy);
+        let key = usage.entry(index).or_default();
+        key.add(now, busy);
+        if !key.suspect && key.total(now) > self.suspect_at {
+            key.suspect = true;
+            self.suspects.fetch_add(1, Ordering::Release);
+        }
     }
+}
+
+/// Suspects among `usage`'s keys (counted only when making room, which is rare).
+fn suspects_in(usage: &TagMap<Usage>) -> usize {
+    usage.values().filter(|key| key.suspect).count()
 }
 
 fn nanos(duration: Duration) -> u64 {
@@ -277,6 +322,71 @@ mod tests {
             .expect_err("6 s of 10 s used: 4 s admitted before the handler ran, 2 s running");
         assert_eq!(rejected.kind, FailureKind::Transient);
         assert_eq!(status.rejected(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_shorter_than_a_tick_leave_no_account() {
+        let layer = Box::new(MonopolizationLayer {
+            settings: MonopolizationSettings {
+                threshold: 0.5,
+                window: Duration::from_secs(10),
+                cache_size: 8,
+            },
+            status: MonopolizationStatus::default(),
+            clock: Arc::new(TokioClock::new()),
+        })
+        .wrap(Arc::new(Sleeping(Duration::ZERO)));
+        for _ in 0..3 {
+            assert_eq!(
+                layer.call(&task(message("k", json!({})))).await,
+                Ok(Value::Null)
+            );
+        }
+        assert!(layer.usage.is_empty(), "nothing to charge, nothing tracked");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_past_half_their_share_are_suspects_until_they_cool_down() {
+        let status = MonopolizationStatus::default();
+        let layer = half_of_ten_seconds(&status, Arc::new(TokioClock::new()));
+        let suspects = || layer.suspects.load(Ordering::Acquire);
+        let hog = task(message("hog", json!({})));
+        assert_eq!(layer.call(&hog).await, Ok(Value::Null));
+        assert_eq!(suspects(), 0, "2 s of the 5 s allowed: under half");
+        assert_eq!(layer.call(&hog).await, Ok(Value::Null));
+        assert_eq!(suspects(), 1, "4 s: past half");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(layer.call(&hog).await, Ok(Value::Null), "the window slid");
+        assert_eq!(
+            suspects(),
+            0,
+            "looked up with nothing left, charged 2 s anew"
+        );
+    }
+
+    #[test]
+    fn forgotten_suspects_are_no_longer_counted() {
+        let layer = Box::new(MonopolizationLayer {
+            settings: MonopolizationSettings {
+                threshold: 0.5,
+                window: Duration::from_secs(10),
+                cache_size: 8,
+            },
+            status: MonopolizationStatus::default(),
+            clock: Arc::new(TokioClock::new()),
+        })
+        .wrap(Arc::new(Sleeping(Duration::ZERO)));
+        let three_seconds = nanos(Duration::from_secs(3));
+        for index in 0..8 {
+            layer.charge(index, 1, three_seconds);
+        }
+        assert_eq!(layer.suspects.load(Ordering::Acquire), 8);
+        layer.charge(8, 100, 5);
+        assert_eq!(
+            layer.suspects.load(Ordering::Acquire),
+            0,
+            "the idle suspects were forgotten"
+        );
     }
 
     #[test]

@@ -42,6 +42,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -248,6 +249,9 @@ struct Shared {
     tagger: foldhash::fast::RandomState,
     weights: [f64; 2],
     state: Mutex<State>,
+    /// The waiters of both queues, as of the last change under the lock: read without it by a
+    /// renewal that has nothing to charge (see [`Admission::renew`]).
+    waiting: AtomicUsize,
 }
 
 /// The fair scheduler. Cheap to clone; clones share one pool of slots.
@@ -295,6 +299,7 @@ impl FairScheduler {
                     keys: [TagMap::default(), TagMap::default()],
                 }),
                 tagger: foldhash::fast::RandomState::default(),
+                waiting: AtomicUsize::new(0),
                 settings,
             }),
         }
@@ -334,8 +339,13 @@ impl Shared {
         self.tagger.hash_one(key.as_str())
     }
 
-    /// Charges `ran` to the key tagged `tag` and to `class`.
+    /// Charges `ran` to the key tagged `tag` and to `class`. Nothing is nothing to charge: a
+    /// key's virtual time is read as at least the floor whether or not it is remembered, so
+    /// remembering it at the floor changes no decision.
     fn charge(&self, state: &mut State, tag: u64, class: usize, ran: Duration) {
+        if ran.is_zero() {
+            return;
+        }
         let capacity = usize::try_from(self.settings.cache_size)
             .unwrap_or(usize::MAX)
             .max(1);
@@ -373,6 +383,12 @@ impl Shared {
             grant,
         });
         (receiver, self.grant(state))
+    }
+
+    /// Publishes how many wait: [`Self::grant`] does, which follows every change of the queues.
+    fn publish_waiting(&self, state: &State) {
+        let waiting = state.queues.iter().map(Queue::len).sum();
+        self.waiting.store(waiting, Ordering::Release);
     }
 
     fn permit(self: &Arc<Self>, tag: u64, class: usize) -> Permit {
@@ -469,6 +485,7 @@ impl Shared {
                 state.class_time[class] = state.class_time[class].max(state.class_time[1 - class]);
             }
         }
+        self.publish_waiting(state);
         unwanted
     }
 }
@@ -517,14 +534,17 @@ impl Admission for FairScheduler {
         let now = shared.clock.now();
         let class = index(class);
         let tag = shared.tag(key);
+        let ran = now.saturating_duration_since(since);
+        if ran.is_zero() && shared.waiting.load(Ordering::Acquire) == 0 {
+            // Nothing to charge and nobody to hand the slot to: keeping it changes no state,
+            // so it needs no lock. A request queueing meanwhile finds the slot taken, as it
+            // would had this renewal locked first.
+            grant.regrant(tag, CLASSES[class], now);
+            return Request::Granted(Permit::from(grant));
+        }
         let (receiver, unwanted, owner) = {
             let mut state = shared.state.lock();
-            shared.charge(
-                &mut state,
-                held_tag,
-                index(held_class),
-                now.saturating_duration_since(since),
-            );
+            shared.charge(&mut state, held_tag, index(held_class), ran);
             if state.queues.iter().all(Queue::is_empty) {
                 drop(state);
                 grant.regrant(tag, CLASSES[class], now);
@@ -685,6 +705,23 @@ mod tests {
         );
         drop(renewed);
         assert_eq!(scheduler.free(), 1, "the renewed permit returns the slot");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_that_took_no_time_are_not_remembered() {
+        let scheduler = scheduler(1);
+        let permit = scheduler.acquire(&Key::from("a"), TaskClass::Normal).await;
+        let Request::Granted(renewed) = scheduler.renew(permit, &Key::from("b"), TaskClass::Normal)
+        else {
+            panic!("nobody waits: renewed at once");
+        };
+        drop(renewed);
+        let state = scheduler.shared.state.lock();
+        assert!(
+            state.keys.iter().all(TagMap::is_empty),
+            "nothing charged, nothing remembered"
+        );
+        assert_eq!(state.free, 1);
     }
 
     #[tokio::test(start_paused = true)]

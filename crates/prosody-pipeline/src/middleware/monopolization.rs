@@ -324,9 +324,9 @@ mod tests {
         assert_eq!(status.rejected(), 1);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn events_shorter_than_a_tick_leave_no_account() {
-        let layer = Box::new(MonopolizationLayer {
+    /// Keys may use 5 s of a 10 s window, 8 keys are tracked, and the handler takes no time.
+    fn instant_handler_eight_keys() -> Monopolization<Arc<Sleeping>> {
+        Box::new(MonopolizationLayer {
             settings: MonopolizationSettings {
                 threshold: 0.5,
                 window: Duration::from_secs(10),
@@ -335,7 +335,12 @@ mod tests {
             status: MonopolizationStatus::default(),
             clock: Arc::new(TokioClock::new()),
         })
-        .wrap(Arc::new(Sleeping(Duration::ZERO)));
+        .wrap(Arc::new(Sleeping(Duration::ZERO)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_shorter_than_a_tick_leave_no_account() {
+        let layer = instant_handler_eight_keys();
         for _ in 0..3 {
             assert_eq!(
                 layer.call(&task(message("k", json!({})))).await,
@@ -366,16 +371,7 @@ mod tests {
 
     #[test]
     fn forgotten_suspects_are_no_longer_counted() {
-        let layer = Box::new(MonopolizationLayer {
-            settings: MonopolizationSettings {
-                threshold: 0.5,
-                window: Duration::from_secs(10),
-                cache_size: 8,
-            },
-            status: MonopolizationStatus::default(),
-            clock: Arc::new(TokioClock::new()),
-        })
-        .wrap(Arc::new(Sleeping(Duration::ZERO)));
+        let layer = instant_handler_eight_keys();
         let three_seconds = nanos(Duration::from_secs(3));
         for index in 0..8 {
             layer.charge(index, 1, three_seconds);
@@ -391,16 +387,7 @@ mod tests {
 
     #[test]
     fn over_capacity_idle_keys_go_first_then_arbitrary_ones_down_to_three_quarters() {
-        let layer = Box::new(MonopolizationLayer {
-            settings: MonopolizationSettings {
-                threshold: 0.5,
-                window: Duration::from_secs(10),
-                cache_size: 8,
-            },
-            status: MonopolizationStatus::default(),
-            clock: Arc::new(TokioClock::new()),
-        })
-        .wrap(Arc::new(Sleeping(Duration::ZERO)));
+        let layer = instant_handler_eight_keys();
         // Keys 0..4 charged long ago, 4..8 in the current window.
         for index in 0..4 {
             layer.charge(index, 1, 5);

@@ -112,7 +112,9 @@ impl<H: EventHandler> Service for HandlerService<H> {
     async fn call(&self, task: &Task<'_>) -> Verdict {
         // A commit of this key that this process left half done (state landed, timers not)
         // is finished first, so the attempt never sees half a commit.
-        if let (Some(state), Some(timers)) = (&self.state, &self.timers) {
+        if let (Some(state), Some(timers)) = (&self.state, &self.timers)
+            && state.journal().has_unfinished()
+        {
             let (topic, partition) = task.event.source();
             if let Err(error) = Box::pin(state.journal().finish_known(
                 timers,

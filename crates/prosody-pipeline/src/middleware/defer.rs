@@ -41,7 +41,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
@@ -297,6 +297,16 @@ struct Ownership {
     /// a later assignment while the ownership is remembered.
     revoked: Arc<CancellationToken>,
     keys: OnceCell<Mutex<DeferredKeys>>,
+    /// How many keys `keys` lists, readable without its lock: every event asks about its key,
+    /// and a partition with nothing deferred (nearly always) answers with no lock taken.
+    listed: AtomicUsize,
+}
+
+impl Ownership {
+    /// Publishes how many keys `keys` lists, after a change under its lock.
+    fn publish(&self, keys: &DeferredKeys) {
+        self.listed.store(keys.keys.len(), Ordering::Release);
+    }
 }
 
 /// The keys of an owned partition with deferred work, each with its work when cached.
@@ -475,6 +485,7 @@ impl<S: Service> Defer<S> {
         let key = task.event.key();
         let ownership = self.ownership(topic, partition, task.cancel);
         let known = match ownership.keys.get() {
+            Some(_) if ownership.listed.load(Ordering::Acquire) == 0 => Known::Settled(None),
             Some(keys) => keys.lock().known(key),
             None => Known::Unknown,
         };
@@ -512,6 +523,7 @@ impl<S: Service> Defer<S> {
         let ownership = Arc::new(Ownership {
             revoked: cancel.clone(),
             keys: OnceCell::new(),
+            listed: AtomicUsize::new(0),
         });
         owned
             .entry(topic.clone())
@@ -540,7 +552,9 @@ impl<S: Service> Defer<S> {
                     debug!(topic = %place.topic(), partition = place.partition.0,
                         keys = listed.len(), "partition has deferred keys");
                 }
-                Ok::<_, StorageError>(Mutex::new(DeferredKeys::listed(listed)))
+                let keys = DeferredKeys::listed(listed);
+                place.ownership.publish(&keys);
+                Ok::<_, StorageError>(Mutex::new(keys))
             })
             .await?;
         if let Known::Settled(work) = keys.lock().known(place.key()) {
@@ -591,6 +605,7 @@ impl<S: Service> Defer<S> {
                 Some(work) => keys.hold(place.key(), work.clone(), self.capacity),
                 None => keys.forget(place.key()),
             }
+            place.ownership.publish(&keys);
         }
         work
     }

@@ -402,8 +402,7 @@ pub struct Defer<S> {
     status: DeferStatus,
     give_up: Destination,
     /// The current ownership of every partition seen, by topic and then partition: a lookup
-    /// borrows the event's topic, where a `(Topic, Partition)` key would take a share of it,
-    /// moving its reference count between the cores handling the partition twice per event.
+    /// borrows the event's topic rather than building a `(Topic, Partition)` key.
     owned: Mutex<KeyMap<Topic, KeyMap<Partition, Arc<Ownership>>>>,
     /// Deferred keys per partition whose work is cached.
     capacity: usize,

@@ -105,10 +105,8 @@ pub struct Monopolization<S> {
     origin: CoarseInstant,
     width: Duration,
     allowed: u64,
-    /// Time in the window past which a key is a suspect: half of `allowed`.
-    suspect_at: u64,
-    /// Tracked keys past `suspect_at` when last charged or looked up. Read by every event, so
-    /// it is written only when a key becomes or stops being a suspect.
+    /// Tracked keys past [`Self::suspect_at`] when last charged or looked up. Read by every
+    /// event, so it is written only when a key becomes or stops being a suspect.
     suspects: AtomicUsize,
     /// One lock of a shard for lookup and update: a concurrent cache would add its own
     /// synchronisation to every event for nothing. Keyed by a seeded 64-bit hash of (topic, key)
@@ -147,7 +145,6 @@ impl Layer for MonopolizationLayer {
             clock: self.clock,
             width: window / BUCKETS,
             allowed: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))),
-            suspect_at: nanos(window.mul_f64(settings.threshold.clamp(0.0, 1.0))) / 2,
             suspects: AtomicUsize::new(0),
             settings: MonopolizationSettings { window, ..settings },
             usage: TagShards::new(usize::try_from(settings.cache_size).unwrap_or(usize::MAX)),
@@ -203,6 +200,11 @@ impl<S: Service> Monopolization<S> {
         nanos(at.saturating_duration_since(self.origin)) / width
     }
 
+    /// Time in the window past which a key is a suspect: half of what it is allowed.
+    fn suspect_at(&self) -> u64 {
+        self.allowed / 2
+    }
+
     /// The time of the key indexed `index` in the window ending in bucket `now`; a key no
     /// longer past half its share stops being a suspect.
     fn used(&self, index: u64, now: u64) -> u64 {
@@ -211,7 +213,7 @@ impl<S: Service> Monopolization<S> {
             return 0;
         };
         let used = key.total(now);
-        if key.suspect && used <= self.suspect_at {
+        if key.suspect && used <= self.suspect_at() {
             key.suspect = false;
             self.suspects.fetch_sub(1, Ordering::Release);
         }
@@ -237,7 +239,7 @@ impl<S: Service> Monopolization<S> {
         }
         let key = usage.entry(index).or_default();
         key.add(now, busy);
-        if !key.suspect && key.total(now) > self.suspect_at {
+        if !key.suspect && key.total(now) > self.suspect_at() {
             key.suspect = true;
             self.suspects.fetch_add(1, Ordering::Release);
         }

@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
 use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
@@ -307,6 +308,32 @@ impl Ownership {
     fn publish(&self, keys: &DeferredKeys) {
         self.listed.store(keys.keys.len(), Ordering::Release);
     }
+
+    /// What this ownership knows of `key`'s deferred work.
+    fn known(&self, key: &Key) -> Known {
+        match self.keys.get() {
+            Some(_) if self.listed.load(Ordering::Acquire) == 0 => Known::Settled(None),
+            Some(keys) => keys.lock().known(key),
+            None => Known::Unknown,
+        }
+    }
+}
+
+/// The current ownership of every partition seen, by topic and then partition: a lookup
+/// borrows the event's topic rather than building a `(Topic, Partition)` key.
+type Ownerships = KeyMap<Topic, KeyMap<Partition, Arc<Ownership>>>;
+
+/// The ownership in `owned` of `partition` of `topic` by the assignment `cancel` belongs to.
+fn find<'o>(
+    owned: &'o Ownerships,
+    topic: &Topic,
+    partition: Partition,
+    cancel: &Arc<CancellationToken>,
+) -> Option<&'o Arc<Ownership>> {
+    owned
+        .get(topic)
+        .and_then(|partitions| partitions.get(&partition))
+        .filter(|ownership| Arc::ptr_eq(&ownership.revoked, cancel))
 }
 
 /// The keys of an owned partition with deferred work, each with its work when cached.
@@ -372,14 +399,15 @@ impl DeferredKeys {
     }
 }
 
-/// Where one event's key lives and what is known of its deferred work. The storage scope is
-/// built only when storage is touched, so the common path clones nothing that every worker
-/// shares.
+/// Where one event's key lives and what is known of its deferred work. The storage scope and
+/// the ownership are fetched only when storage is touched, so the common path writes nothing
+/// that every worker shares (not even a reference count).
 struct Place<'t> {
     topic: &'t Topic,
     partition: Partition,
     key: &'t Key,
-    ownership: Arc<Ownership>,
+    /// The assignment the event belongs to, which names its ownership.
+    assignment: &'t Arc<CancellationToken>,
     known: Known,
 }
 
@@ -401,9 +429,13 @@ pub struct Defer<S> {
     loader: Arc<dyn LoadRecord>,
     status: DeferStatus,
     give_up: Destination,
-    /// The current ownership of every partition seen, by topic and then partition: a lookup
-    /// borrows the event's topic rather than building a `(Topic, Partition)` key.
-    owned: Mutex<KeyMap<Topic, KeyMap<Partition, Arc<Ownership>>>>,
+    /// The current ownership of every partition seen. Every event looks its partition up, from
+    /// every worker: behind a lock, the lock's cache line (and the ownership's reference count)
+    /// moved between the cores with nearly every event. Read without a lock instead, and
+    /// replaced whole on the rare new assignment.
+    owned: ArcSwap<Ownerships>,
+    /// Serializes the replacements of `owned`.
+    replacing: Mutex<()>,
     /// Deferred keys per partition whose work is cached.
     capacity: usize,
     inner: S,
@@ -430,7 +462,8 @@ impl Layer for DeferLayer {
 
     fn wrap<S: Service>(self, inner: S) -> Defer<S> {
         Defer {
-            owned: Mutex::new(KeyMap::default()),
+            owned: ArcSwap::default(),
+            replacing: Mutex::new(()),
             capacity: usize::try_from(self.settings.cache_size)
                 .unwrap_or(usize::MAX)
                 .max(1),
@@ -482,53 +515,62 @@ impl<S: Service> Defer<S> {
     fn place<'t>(&self, task: &'t Task<'t>) -> Place<'t> {
         let (topic, partition) = task.event.source();
         let key = task.event.key();
-        let ownership = self.ownership(topic, partition, task.cancel);
-        let known = match ownership.keys.get() {
-            Some(_) if ownership.listed.load(Ordering::Acquire) == 0 => Known::Settled(None),
-            Some(keys) => keys.lock().known(key),
-            None => Known::Unknown,
+        let known = match find(&self.owned.load(), topic, partition, task.cancel) {
+            Some(ownership) => ownership.known(key),
+            None => self.ownership(topic, partition, task.cancel).known(key),
         };
         Place {
             topic,
             partition,
             key,
-            ownership,
+            assignment: task.cancel,
             known,
         }
     }
 
     /// The ownership of the partition by the assignment `cancel` belongs to: a new one at
     /// first sight or for a new assignment, so nothing known from an earlier ownership is
-    /// trusted.
+    /// trusted. A late event of an assignment already revoked gets an ownership of its own,
+    /// never remembered, so it cannot displace the current one.
     fn ownership(
         &self,
         topic: &Topic,
         partition: Partition,
         cancel: &Arc<CancellationToken>,
     ) -> Arc<Ownership> {
-        let mut owned = self.owned.lock();
-        if let Some(ownership) = owned
-            .get(topic)
-            .and_then(|partitions| partitions.get(&partition))
-            && Arc::ptr_eq(&ownership.revoked, cancel)
-        {
+        if let Some(ownership) = find(&self.owned.load(), topic, partition, cancel) {
             return ownership.clone();
         }
-        // Rare (assignments): a good moment to forget partitions revoked for good.
-        owned.retain(|_, partitions| {
-            partitions.retain(|_, ownership| !ownership.revoked.is_cancelled());
-            !partitions.is_empty()
-        });
+        let _replacing = self.replacing.lock();
+        let owned = self.owned.load_full();
+        if let Some(ownership) = find(&owned, topic, partition, cancel) {
+            // Another event of the assignment got here first.
+            return ownership.clone();
+        }
         let ownership = Arc::new(Ownership {
             revoked: cancel.clone(),
             keys: OnceCell::new(),
             listed: AtomicUsize::new(0),
         });
-        owned
-            .entry(topic.clone())
+        if cancel.is_cancelled() {
+            return ownership;
+        }
+        let mut next = Ownerships::clone(&owned);
+        // Rare (assignments): a good moment to forget partitions revoked for good.
+        next.retain(|_, partitions| {
+            partitions.retain(|_, ownership| !ownership.revoked.is_cancelled());
+            !partitions.is_empty()
+        });
+        next.entry(topic.clone())
             .or_default()
             .insert(partition, ownership.clone());
+        self.owned.store(Arc::new(next));
         ownership
+    }
+
+    /// The ownership `place` was known from (a lookup: only storage paths need it).
+    fn place_ownership(&self, place: &Place<'_>) -> Arc<Ownership> {
+        self.ownership(place.topic, place.partition, place.assignment)
     }
 
     fn scope(&self, place: &Place<'_>) -> PartitionScope {
@@ -542,8 +584,8 @@ impl<S: Service> Defer<S> {
         if let Known::Settled(work) = &place.known {
             return Ok(work.clone());
         }
-        let keys = place
-            .ownership
+        let ownership = self.place_ownership(place);
+        let keys = ownership
             .keys
             .get_or_try_init(|| async {
                 let listed = self.store.deferred_keys(&self.scope(place)).await?;
@@ -552,7 +594,7 @@ impl<S: Service> Defer<S> {
                         keys = listed.len(), "partition has deferred keys");
                 }
                 let keys = DeferredKeys::listed(listed);
-                place.ownership.publish(&keys);
+                ownership.publish(&keys);
                 Ok::<_, StorageError>(Mutex::new(keys))
             })
             .await?;
@@ -598,13 +640,14 @@ impl<S: Service> Defer<S> {
         let work = (!work.is_empty()).then(|| Arc::new(work));
         // Every path reads the partition's keys before it changes a key's work; a write to an
         // ownership that is not read yet would be read from the store anyway.
-        if let Some(keys) = place.ownership.keys.get() {
+        let ownership = self.place_ownership(place);
+        if let Some(keys) = ownership.keys.get() {
             let mut keys = keys.lock();
             match &work {
                 Some(work) => keys.hold(place.key(), work.clone(), self.capacity),
                 None => keys.forget(place.key()),
             }
-            place.ownership.publish(&keys);
+            ownership.publish(&keys);
         }
         work
     }
@@ -1467,6 +1510,20 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.reads(), (2, 2));
+        // A late event of the revoked assignment, from a partition it never listed, cannot
+        // displace the current ownership: the next event of the new one lists nothing again.
+        let revoked = Arc::new(CancellationToken::new());
+        revoked.cancel();
+        layer
+            .call(&owned_by(message("b", json!({})), 12, &revoked))
+            .await
+            .unwrap();
+        assert_eq!(store.reads(), (3, 2), "the late event reads for itself");
+        layer
+            .call(&owned_by(message("b", json!({})), 13, &next))
+            .await
+            .unwrap();
+        assert_eq!(store.reads(), (3, 2), "the current ownership is still the one listed");
     }
 
     fn f_settings() -> DeferSettings {

@@ -1523,7 +1523,11 @@ mod tests {
             .call(&owned_by(message("b", json!({})), 13, &next))
             .await
             .unwrap();
-        assert_eq!(store.reads(), (3, 2), "the current ownership is still the one listed");
+        assert_eq!(
+            store.reads(),
+            (3, 2),
+            "the current ownership is still the one listed"
+        );
     }
 
     fn f_settings() -> DeferSettings {

@@ -7,13 +7,16 @@
 //! | [`MemoryDedupStore`] | [`DedupStore`](prosody_api::storage::DedupStore) |
 //! | [`MemoryStateStore`] | [`StateStore`](prosody_api::storage::StateStore) and [`PublishedStateView`](prosody_api::storage::PublishedStateView) |
 //!
-//! Each store is a cheap handle (`Clone` shares the data) over one lock, which makes every
-//! call atomic with respect to every other: the strongest reading of each trait's concurrency
-//! contract. Calls never await while holding the lock.
+//! Each store is a cheap handle (`Clone` shares the data) over locks that a call holds for
+//! all it reads and writes, which makes every call atomic with respect to every other: the
+//! strongest reading of each trait's concurrency contract. Calls never await while holding a
+//! lock. (The dedup store splits its records over shards by record, which changes nothing for
+//! its calls: each reads or writes one record.)
 //!
 //! Memory is bounded the way the spec bounds the data: maps by their keyset limit, deques by
 //! their capacity, dedup records and keyed state by their TTL (expired data is swept as the
-//! store grows, so it does not accumulate); empty keys and partitions are dropped.
+//! store grows, so it does not accumulate); empty keys and partitions are dropped (the dedup
+//! store keeps a partition's empty shards, a few KiB, for the store's life).
 //!
 //! Every store passes the `prosody-api` conformance suite; this crate's `tests/` show the few
 //! lines that run it:

@@ -532,14 +532,13 @@ impl Admission for FairScheduler {
         };
         let (held_tag, held_class, since) = grant.terms();
         let now = shared.clock.now();
-        let class = index(class);
         let tag = shared.tag(key);
         let ran = now.saturating_duration_since(since);
         if ran.is_zero() && shared.waiting.load(Ordering::Acquire) == 0 {
             // Nothing to charge and nobody to hand the slot to: keeping it changes no state,
             // so it needs no lock. A request queueing meanwhile finds the slot taken, as it
             // would had this renewal locked first.
-            grant.regrant(tag, CLASSES[class], now);
+            grant.regrant(tag, class, now);
             return Request::Granted(Permit::from(grant));
         }
         let (receiver, unwanted, owner) = {
@@ -547,7 +546,7 @@ impl Admission for FairScheduler {
             shared.charge(&mut state, held_tag, index(held_class), ran);
             if state.queues.iter().all(Queue::is_empty) {
                 drop(state);
-                grant.regrant(tag, CLASSES[class], now);
+                grant.regrant(tag, class, now);
                 return Request::Granted(Permit::from(grant));
             }
             // Others wait: the slot goes back and to them first (they were there first, as for
@@ -555,7 +554,7 @@ impl Admission for FairScheduler {
             let owner = grant.revoke();
             state.free += 1;
             let mut unwanted = shared.grant(&mut state);
-            let (receiver, more) = shared.enqueue(&mut state, tag, class);
+            let (receiver, more) = shared.enqueue(&mut state, tag, index(class));
             unwanted.extend(more);
             (receiver, unwanted, owner)
         };
@@ -582,6 +581,20 @@ mod tests {
             wait_weight: 200.0,
             cache_size: 1_000,
         })
+    }
+
+    /// A task waiting for a permit of `key`, queued by the time this returns.
+    async fn queued_waiter(
+        scheduler: &FairScheduler,
+        key: &str,
+    ) -> tokio::task::JoinHandle<Permit> {
+        let waiting = tokio::spawn({
+            let scheduler = scheduler.clone();
+            let key = Key::from(key);
+            async move { scheduler.acquire(&key, TaskClass::Normal).await }
+        });
+        tokio::task::yield_now().await;
+        waiting
     }
 
     async fn hold(permit: Permit, run: Duration) {
@@ -645,11 +658,7 @@ mod tests {
                 .try_acquire(&Key::from("b"), TaskClass::Normal)
                 .is_none()
         );
-        let waiting = tokio::spawn({
-            let scheduler = scheduler.clone();
-            async move { scheduler.acquire(&Key::from("c"), TaskClass::Normal).await }
-        });
-        tokio::task::yield_now().await;
+        let waiting = queued_waiter(&scheduler, "c").await;
         assert_eq!(scheduler.waiting(), 1);
         drop(first);
         // The freed slot went to the waiter, not to a request that came later.
@@ -672,11 +681,7 @@ mod tests {
         let a = scheduler.acquire(&Key::from("a"), TaskClass::Normal).await;
         let _b = scheduler.acquire(&Key::from("b"), TaskClass::Normal).await;
         assert_eq!(scheduler.free(), 0);
-        let waiting = tokio::spawn({
-            let scheduler = scheduler.clone();
-            async move { scheduler.acquire(&Key::from("c"), TaskClass::Normal).await }
-        });
-        tokio::task::yield_now().await;
+        let waiting = queued_waiter(&scheduler, "c").await;
         assert_eq!(scheduler.waiting(), 1);
         drop(a);
         let _c = waiting.await.expect("granted");
@@ -728,11 +733,7 @@ mod tests {
     async fn a_renewal_yields_the_slot_to_requests_already_waiting() {
         let scheduler = scheduler(1);
         let permit = scheduler.acquire(&Key::from("a"), TaskClass::Normal).await;
-        let waiting = tokio::spawn({
-            let scheduler = scheduler.clone();
-            async move { scheduler.acquire(&Key::from("b"), TaskClass::Normal).await }
-        });
-        tokio::task::yield_now().await;
+        let waiting = queued_waiter(&scheduler, "b").await;
         assert_eq!(scheduler.waiting(), 1);
         let Request::Queued(renewal) = scheduler.renew(permit, &Key::from("a"), TaskClass::Normal)
         else {

@@ -43,6 +43,7 @@
 
 mod dedup;
 mod defer;
+mod fingerprints;
 mod state;
 mod sweep;
 mod timer;

@@ -6,8 +6,8 @@
 //! which stay cached, and the insert then writes a slot in a cold cache line: the insert waited
 //! for that line while holding its shard's lock, and releasing the lock stalled until the write
 //! landed (most of the insert's time in the consumer's profile, one miss per record). Here the
-//! lookup that misses knows the slot the insert will fill and starts fetching its line for
-//! writing, so the miss overlaps the handler instead of stalling the insert.
+//! lookup that misses knows the slot the insert will fill and starts fetching its line, so the
+//! miss overlaps the handler instead of stalling the insert.
 //!
 //! The layout is hashbrown's idea in small: a tag byte per slot (empty, or seven bits of the
 //! fingerprint), eight to a word compared at once, and the records in a separate array. Records
@@ -118,7 +118,9 @@ fn first(bits: u64) -> usize {
     (bits.trailing_zeros() / 8) as usize
 }
 
-/// Starts fetching `entry`'s line for writing, without waiting for it.
+/// Starts fetching `entry`'s line, without waiting for it: for writing where the build enables
+/// `prfchw`, else for reading (what the default x86-64 target compiles to), which still brings a
+/// line no other core holds in exclusively, so the write after it needs no second transfer.
 #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
 fn prefetch_for_write(entry: &Entry) {
     safe_arch::prefetch_et0(entry);

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cancel::CancelToken;
 use crate::errors::{ErrorKind, cancelled, classified, with_class};
-use crate::handler::{Batch, Bridge, JsHandler};
+use crate::handler::{Batch, Bridge, JsHandler, complete_on_current_runtime};
 
 /// A Prosody client. Created by [`create_client`].
 #[napi]
@@ -189,6 +189,7 @@ impl NativeClient {
         let client = self.client.clone();
         let slot = self.bridge.clone();
         AsyncBlockBuilder::new(async move {
+            complete_on_current_runtime();
             match client.subscribe(JsHandler::new(bridge.clone())).await {
                 Ok(()) => {
                     if let Some(previous) = slot.lock().replace(bridge) {

@@ -33,7 +33,7 @@ use napi::Status;
 use napi::bindgen_prelude::Uint32Array;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use prosody::api::{
     ClassifyError, ErrorClass, EventContext, EventHandler, ExciseMessage, Key, Message, Offset,
     Partition, Timer, Timestamp, Topic,
@@ -252,19 +252,38 @@ fn released() -> HandlerReply {
     }
 }
 
+/// The runtime the attempts' futures run on, where [`complete_events`] hands its work. Each
+/// subscription sets it (napi-rs may build a new runtime for a new Node.js environment).
+static ATTEMPTS_RUNTIME: RwLock<Option<tokio::runtime::Handle>> = RwLock::new(None);
+
+/// Makes the current tokio runtime the one settled handlers are completed on.
+pub fn complete_on_current_runtime() {
+    *ATTEMPTS_RUNTIME.write() = tokio::runtime::Handle::try_current().ok();
+}
+
 /// Reports settled handlers: `ok` lists attempts that answered `null`/`undefined`; `others` is
 /// the JSON text of `[[id, response | null, error | null, permanent], ...]` for the rest.
+///
+/// Completing an attempt wakes its future, and a wake from outside the runtime pushes the task
+/// through the runtime's shared queue and often unparks the worker (a system call): done here,
+/// per event, that was about a quarter of the Node.js thread's busy time. So the Node.js thread
+/// only copies the ids and hands the batch to the runtime in one task, whose wakes of the
+/// attempts then go to its worker's own queue (process CPU per record in the Node.js benchmark
+/// 6.0-6.5 -> 5.7-5.9 us).
 ///
 /// # Errors
 /// When `others` is not the expected JSON.
 #[napi]
 pub fn complete_events(ok: Uint32Array, others: Option<String>) -> napi::Result<()> {
-    complete(ok.iter().map(|&id| (id, None)));
-    if let Some(others) = others {
-        let parsed: Vec<(u32, Option<String>, Option<String>, bool)> =
-            serde_json::from_str(&others)
-                .map_err(|error| napi::Error::new(Status::InvalidArg, error.to_string()))?;
-        complete(parsed.into_iter().map(|(id, response, error, permanent)| {
+    let replies: Vec<(u32, Option<String>, Option<String>, bool)> = match others {
+        Some(others) => serde_json::from_str(&others)
+            .map_err(|error| napi::Error::new(Status::InvalidArg, error.to_string()))?,
+        None => Vec::new(),
+    };
+    let ok = ok.to_vec();
+    let settle = move || {
+        complete(ok.into_iter().map(|id| (id, None)));
+        complete(replies.into_iter().map(|(id, response, error, permanent)| {
             (
                 id,
                 Some(HandlerReply {
@@ -274,6 +293,10 @@ pub fn complete_events(ok: Uint32Array, others: Option<String>) -> napi::Result<
                 }),
             )
         }));
+    };
+    match ATTEMPTS_RUNTIME.read().as_ref() {
+        Some(runtime) => drop(runtime.spawn(async move { settle() })),
+        None => settle(),
     }
     Ok(())
 }

@@ -291,7 +291,65 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// An operation on a table and on its model.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert { fingerprint: u128, expiry: u64 },
+        RemoveExpired { now: u64 },
+    }
+
+    /// Fingerprints from a small pool that share home groups and tags, so probes run long,
+    /// candidates collide on tags and reinserts replace.
+    fn fingerprint() -> impl Strategy<Value = u128> {
+        (0u128..4, 0u128..2, 0u128..64)
+            .prop_map(|(home, tag, rest)| home | (rest << 64) | (tag << 121))
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (fingerprint(), 0u64..50)
+                .prop_map(|(fingerprint, expiry)| Op::Insert { fingerprint, expiry }),
+            1 => (0u64..50).prop_map(|now| Op::RemoveExpired { now }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the operations, the table answers every fingerprint as a map would: a
+        /// wrong "held" would skip a message, a wrong "absent" would handle it twice.
+        #[test]
+        fn answers_like_a_map(ops in proptest::collection::vec(op(), 0..400)) {
+            let mut table = FingerprintTable::default();
+            let mut model: HashMap<u128, u64> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert { fingerprint, expiry } => {
+                        table.insert(fingerprint, at(expiry));
+                        model.insert(fingerprint, expiry);
+                    }
+                    Op::RemoveExpired { now } => {
+                        table.remove_expired(at(now));
+                        model.retain(|_, expiry| now < *expiry);
+                    }
+                }
+                prop_assert_eq!(table.len(), model.len());
+            }
+            for home in 0u128..4 {
+                for tag in 0u128..2 {
+                    for rest in 0u128..64 {
+                        let fingerprint = home | (rest << 64) | (tag << 121);
+                        prop_assert_eq!(
+                            table.get(fingerprint),
+                            model.get(&fingerprint).map(|&expiry| at(expiry))
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     fn at(seconds: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(seconds)

@@ -151,8 +151,9 @@ impl ScopeRecords {
         }
     }
 
-    /// The shard of a record: its fingerprint's upper half, which the tables' hasher folds
-    /// into the lower, so a shard's records still spread over its table's buckets.
+    /// The shard of a record: low bits of its fingerprint's upper half. The table places a
+    /// record by its lower half and tags it with its top bits, so a shard's records still spread
+    /// over its table's groups and tags.
     fn shard(&self, fingerprint: u128) -> &Mutex<Shard> {
         #[expect(
             clippy::cast_possible_truncation,

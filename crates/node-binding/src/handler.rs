@@ -281,9 +281,9 @@ pub fn complete_events(ok: Uint32Array, others: Option<String>) -> napi::Result<
         None => Vec::new(),
     };
     let ok = ok.to_vec();
+    // One pass over the registry for the whole report.
     let settle = move || {
-        complete(ok.into_iter().map(|id| (id, None)));
-        complete(replies.into_iter().map(|(id, response, error, permanent)| {
+        let answered = replies.into_iter().map(|(id, response, error, permanent)| {
             (
                 id,
                 Some(HandlerReply {
@@ -292,7 +292,8 @@ pub fn complete_events(ok: Uint32Array, others: Option<String>) -> napi::Result<
                     permanent: Some(permanent),
                 }),
             )
-        }));
+        });
+        complete(ok.into_iter().map(|id| (id, None)).chain(answered));
     };
     match ATTEMPTS_RUNTIME.read().as_ref() {
         Some(runtime) => drop(runtime.spawn(async move { settle() })),

@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -247,23 +248,61 @@ impl From<TimedGrant> for Permit {
 /// The permit of one dispatch, shared between the engine (which drops it after recording the
 /// event's end, so it never counts more running events than permits) and the middleware
 /// (which may release it during a retry's backoff). Cheap to clone; clones share the slot.
+///
+/// Only the dispatch's own task touches a slot, one step at a time, so its lock is never
+/// contended; still, each lock and unlock is a locked instruction, and an event used to take
+/// the lock four times. What an event asks on every dispatch is answered without it: whether a
+/// permit is held (an atomic flag beside the lock), when the runner's permit was granted
+/// (copied out when the runner put it in), and the runner's own taking after the dispatch (the
+/// only reference left then).
 #[derive(Clone, Debug, Default)]
-pub struct PermitSlot(Arc<Mutex<Option<Permit>>>);
+pub struct PermitSlot {
+    shared: Arc<SlotState>,
+    /// When the permit [`hold`](Self::hold) or [`holding`](Self::holding) put in was granted.
+    granted_at: Option<CoarseInstant>,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    permit: Mutex<Option<Permit>>,
+    /// Whether `permit` holds one; written under the lock, read without it.
+    held: AtomicBool,
+}
+
+impl SlotState {
+    fn holding(permit: Option<Permit>) -> Self {
+        Self {
+            held: AtomicBool::new(permit.is_some()),
+            permit: Mutex::new(permit),
+        }
+    }
+
+    fn replace(&self, permit: Option<Permit>) -> Option<Permit> {
+        let mut slot = self.permit.lock();
+        self.held.store(permit.is_some(), Ordering::Release);
+        std::mem::replace(&mut *slot, permit)
+    }
+}
 
 impl PermitSlot {
     /// A slot holding `permit`.
     #[must_use]
     pub fn holding(permit: Permit) -> Self {
-        Self(Arc::new(Mutex::new(Some(permit))))
+        Self {
+            granted_at: permit.granted_at(),
+            shared: Arc::new(SlotState::holding(Some(permit))),
+        }
     }
 
     /// Holds `permit` (dropping any permit already held). The slot's allocation is reused when
     /// no clone of it is left, so a runner refilling its slot per event allocates none; a clone
     /// still out there (a dispatch that kept one) gets this slot's old contents to itself.
     pub fn hold(&mut self, permit: Permit) {
-        match Arc::get_mut(&mut self.0) {
-            Some(slot) => {
-                let previous = slot.get_mut().replace(permit);
+        match Arc::get_mut(&mut self.shared) {
+            Some(state) => {
+                self.granted_at = permit.granted_at();
+                *state.held.get_mut() = true;
+                let previous = state.permit.get_mut().replace(permit);
                 drop(previous);
             }
             None => *self = Self::holding(permit),
@@ -273,26 +312,39 @@ impl PermitSlot {
     /// Takes the permit out, if the slot holds one.
     #[must_use]
     pub fn take(&self) -> Option<Permit> {
-        self.0.lock().take()
+        self.shared.replace(None)
+    }
+
+    /// [`take`](Self::take) for the slot's owner: without the lock when no clone is left (the
+    /// runner, once its dispatch ended).
+    #[must_use]
+    pub fn take_owned(&mut self) -> Option<Permit> {
+        match Arc::get_mut(&mut self.shared) {
+            Some(state) => {
+                *state.held.get_mut() = false;
+                state.permit.get_mut().take()
+            }
+            None => self.take(),
+        }
     }
 
     /// Puts `permit` in the slot (dropping any permit already there).
     pub fn put(&self, permit: Permit) {
-        let previous = self.0.lock().replace(permit);
-        drop(previous);
+        drop(self.shared.replace(Some(permit)));
     }
 
-    /// When the permit in the slot was granted, if the slot holds one whose admission
-    /// recorded that ([`Permit::granted_at`]).
+    /// When the permit [`hold`](Self::hold) or [`holding`](Self::holding) put in the slot was
+    /// granted, if its admission recorded that ([`Permit::granted_at`]): the dispatch reads it
+    /// before anything else can change what the slot holds.
     #[must_use]
     pub fn granted_at(&self) -> Option<CoarseInstant> {
-        self.0.lock().as_ref().and_then(Permit::granted_at)
+        self.granted_at
     }
 
     /// True when the slot holds a permit.
     #[must_use]
     pub fn is_held(&self) -> bool {
-        self.0.lock().is_some()
+        self.shared.held.load(Ordering::Acquire)
     }
 }
 
@@ -393,15 +445,15 @@ mod tests {
         };
         let mut slot = PermitSlot::default();
         slot.hold(permit());
-        let first = Arc::as_ptr(&slot.0);
+        let first = Arc::as_ptr(&slot.shared);
         drop(slot.take());
         slot.hold(permit());
-        assert_eq!(Arc::as_ptr(&slot.0), first, "reused");
+        assert_eq!(Arc::as_ptr(&slot.shared), first, "reused");
         assert_eq!(admission.0.available_permits(), 2, "one held");
         let kept = slot.clone();
         slot.hold(permit());
         assert_ne!(
-            Arc::as_ptr(&slot.0),
+            Arc::as_ptr(&slot.shared),
             first,
             "a new slot while a clone is out"
         );
@@ -410,6 +462,39 @@ mod tests {
         drop(kept.take());
         drop(slot.take());
         assert_eq!(admission.0.available_permits(), 3);
+    }
+
+    #[test]
+    fn whether_a_slot_holds_a_permit_follows_every_way_in_and_out() {
+        let admission = SemaphoreAdmission::new(2);
+        let key = Key::from("k");
+        let permit = || {
+            admission
+                .try_acquire(&key, TaskClass::Normal)
+                .expect("a free permit")
+        };
+        let mut slot = PermitSlot::default();
+        assert!(!slot.is_held());
+        slot.hold(permit());
+        assert!(slot.is_held());
+        drop(slot.take());
+        assert!(!slot.is_held());
+        slot.put(permit());
+        assert!(slot.is_held());
+        let clone = slot.clone();
+        drop(clone.take());
+        assert!(!slot.is_held(), "clones share one slot");
+        slot.put(permit());
+        assert!(clone.is_held());
+        drop(clone);
+        assert!(slot.take_owned().is_some());
+        assert!(!slot.is_held());
+        assert!(slot.take_owned().is_none());
+        assert_eq!(
+            admission.0.available_permits(),
+            2,
+            "every permit given back"
+        );
     }
 
     #[tokio::test]

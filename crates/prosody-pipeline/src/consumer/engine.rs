@@ -567,7 +567,7 @@ impl Engine {
             let event = match taken {
                 Ok(taken) => taken,
                 Err(next) => {
-                    drop(permit.take());
+                    drop(permit.take_owned());
                     let Some(next) = following(&slot, next, key).await else {
                         return;
                     };
@@ -598,7 +598,7 @@ impl Engine {
                 debug!(%partition, %key, time = %fired.timer.time, "fired timer was removed: skipped");
                 timers.finished(fired, true);
                 let next = self.finish(&slot, &key, None);
-                drop(permit.take());
+                drop(permit.take_owned());
                 let Some(next) = following(&slot, next, key).await else {
                     return;
                 };
@@ -628,7 +628,7 @@ impl Engine {
             // counts more running events than there are permits (unless the dispatch gave it
             // back). A runner that goes on at once keeps it for renewal; one that parks or
             // stops gives it back now.
-            let held = permit.take();
+            let held = permit.take_owned();
             if matches!(next, Next::Same | Next::Switch(_)) {
                 renewal = held;
             } else {

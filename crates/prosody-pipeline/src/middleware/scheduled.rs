@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::{Failure, Layer, Service, Task, Verdict};
-use crate::consumer::{Admission, TaskClass, admit};
+use crate::consumer::{Admission, Permit, TaskClass, admit};
 
 /// Holds a permit while the attempt runs.
 pub struct Scheduled<S> {
@@ -33,25 +33,42 @@ impl Layer for ScheduledLayer {
 
 impl<S: Service> Service for Scheduled<S> {
     async fn call(&self, task: &Task<'_>) -> Verdict {
-        let permit = if let Some(permit) = task.permit.take() {
-            permit
+        // The engine's permit stays in the slot while the attempt runs (taking it out and
+        // putting it back locked the slot twice per event); a retry holds a fresh one here.
+        let fresh = if task.permit.is_held() {
+            None
         } else {
-            let class = if task.attempt > 1 {
-                TaskClass::Retry
-            } else {
-                TaskClass::Normal
-            };
-            tokio::select! {
-                permit = admit(&*self.admission, task.event.key(), class) => permit,
-                () = task.cancel.cancelled() => return Err(Failure::cancelled(task.attempt)),
-            }
+            Some(Box::pin(self.admit(task)).await?)
         };
         let verdict = self.inner.call(task).await;
         if verdict.is_ok() {
             // Back to the engine, which releases it after recording the event done.
-            task.permit.put(permit);
+            if let Some(permit) = fresh {
+                task.permit.put(permit);
+            }
+        } else {
+            // Given back for the backoff.
+            drop(fresh);
+            drop(task.permit.take());
         }
         verdict
+    }
+}
+
+impl<S> Scheduled<S> {
+    /// A permit in the class of `task`'s attempt, unless the work is cancelled first. Boxed by
+    /// the caller: only retries wait here, and its state would otherwise widen every attempt's
+    /// future.
+    async fn admit(&self, task: &Task<'_>) -> Result<Permit, Failure> {
+        let class = if task.attempt > 1 {
+            TaskClass::Retry
+        } else {
+            TaskClass::Normal
+        };
+        tokio::select! {
+            permit = admit(&*self.admission, task.event.key(), class) => Ok(permit),
+            () = task.cancel.cancelled() => Err(Failure::cancelled(task.attempt)),
+        }
     }
 }
 

@@ -190,9 +190,30 @@ fn payload_id(event: &Event) -> Option<(&prosody_api::Message, &str)> {
 
 impl<S: Service> Service for Dedup<S> {
     async fn call(&self, task: &Task<'_>) -> Verdict {
-        let Some((message, id)) = payload_id(task.event) else {
-            return self.inner.call(task).await;
-        };
+        match payload_id(task.event) {
+            Some((message, id)) => self.deduplicated(task, message, id).await,
+            None => self.inner.call(task).await,
+        }
+    }
+}
+
+impl<S: Service> Dedup<S> {
+    /// The scope of `message`'s records in the store (interned names: copies of references).
+    fn scope(&self, message: &prosody_api::Message) -> PartitionScope {
+        PartitionScope::new(self.group.clone(), message.topic.clone(), message.partition)
+    }
+
+    /// Handles `message`, whose payload's id is `id`, unless it was handled already.
+    ///
+    /// Its own future, apart from the pass-through of events without an id, and holding
+    /// across the handler only what the insert after it needs: each local kept across the
+    /// await widens the future every event's dispatch allocates and moves.
+    async fn deduplicated(
+        &self,
+        task: &Task<'_>,
+        message: &prosody_api::Message,
+        id: &str,
+    ) -> Verdict {
         let record = DedupRecord::new(message.key.clone(), id, &*self.version);
         // The recent set and the record's key in it, when there is one to remember it in.
         let mut recent = None;
@@ -210,27 +231,32 @@ impl<S: Service> Service for Dedup<S> {
                 cache.insert(cache_key);
             }
         };
-        let scope =
-            PartitionScope::new(self.group.clone(), message.topic.clone(), message.partition);
         // Asked once: the same store answers the lookup and, after success, the insert.
         let immediate = self.store.immediate();
-        let seen = match immediate {
-            Some(store) => store.contains_now(&scope, &record),
-            None => self.store.contains(&scope, &record).await,
-        };
-        match seen {
-            Ok(true) => {
-                debug!(key = %message.key, id = record.id(), offset = message.offset.0,
-                    "duplicate skipped (store)");
-                remember();
-                return Ok(Value::Null);
+        // In a block of its own, so the answer is gone before the handler's await.
+        let duplicate = {
+            let seen = match immediate {
+                Some(store) => store.contains_now(&self.scope(message), &record),
+                None => self.store.contains(&self.scope(message), &record).await,
+            };
+            match seen {
+                Ok(seen) => seen,
+                Err(error) => {
+                    warn!(key = %message.key, id = record.id(), %error,
+                        "dedup store cannot answer: handling the message anyway");
+                    false
+                }
             }
-            Ok(false) => {}
-            Err(error) => warn!(key = %message.key, id = record.id(), %error,
-                "dedup store cannot answer: handling the message anyway"),
+        };
+        if duplicate {
+            debug!(key = %message.key, id = record.id(), offset = message.offset.0,
+                "duplicate skipped (store)");
+            remember();
+            return Ok(Value::Null);
         }
         let verdict = self.inner.call(task).await;
         if verdict.is_ok() {
+            let scope = self.scope(message);
             let recorded = match immediate {
                 Some(store) => store.insert_now(&scope, &record, self.ttl),
                 None => self.store.insert(&scope, &record, self.ttl).await,

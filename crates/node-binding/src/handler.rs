@@ -25,6 +25,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::mem;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -168,9 +169,16 @@ fn with_encoded<R>(
 
 /// The JavaScript side of the current subscription. Released on unsubscribe and shutdown so the
 /// Node.js process is no longer kept alive by it, even if the pipeline still holds the handler.
+///
+/// Each event reads only an atomic flag and the batch's lock on its way to JavaScript: the
+/// delivery function is locked and shared only to schedule a delivery, and the abort function
+/// (weak, so it keeps nothing alive) is not released at all, so attempts still running when the
+/// bridge is released can abort their handlers' signals, and none takes a share of it.
 pub struct Bridge {
     batch: Arc<Mutex<Batch>>,
-    functions: Mutex<Option<(Arc<DeliverFn>, Arc<AbortFn>)>>,
+    deliver: Mutex<Option<Arc<DeliverFn>>>,
+    abort: AbortFn,
+    released: AtomicBool,
 }
 
 impl Bridge {
@@ -179,43 +187,38 @@ impl Bridge {
     pub fn new(batch: Arc<Mutex<Batch>>, deliver: DeliverFn, abort: AbortFn) -> Self {
         Self {
             batch,
-            functions: Mutex::new(Some((Arc::new(deliver), Arc::new(abort)))),
+            deliver: Mutex::new(Some(Arc::new(deliver))),
+            abort,
+            released: AtomicBool::new(false),
         }
     }
 
     /// Releases the JavaScript functions; events not yet delivered fail transiently.
     pub fn release(&self) {
-        self.functions.lock().take();
-        let pending = self.batch.lock().drain_ids();
-        complete(pending.into_iter().map(|id| (id, Some(released()))));
-    }
-
-    fn abort_fn(&self) -> Option<Arc<AbortFn>> {
-        self.functions
-            .lock()
-            .as_ref()
-            .map(|(_, abort)| abort.clone())
+        self.released.store(true, Ordering::Release);
+        self.deliver.lock().take();
+        fail_pending(&self.batch);
     }
 
     /// Queues `event` (JSON array text) of attempt `id` for delivery; false when the bridge was
     /// released.
     fn enqueue(&self, id: u32, event: &str) -> bool {
-        let deliver = {
-            let Some(deliver) = self
-                .functions
-                .lock()
-                .as_ref()
-                .map(|(deliver, _)| deliver.clone())
-            else {
-                return false;
-            };
+        if self.released.load(Ordering::Acquire) {
+            return false;
+        }
+        {
             let mut batch = self.batch.lock();
             batch.push(id, event);
             if batch.scheduled {
                 return true;
             }
             batch.scheduled = true;
-            deliver
+        }
+        let Some(deliver) = self.deliver.lock().clone() else {
+            // Released since the check: the queued events (this one too) fail as the release
+            // failed the others.
+            fail_pending(&self.batch);
+            return true;
         };
         // Deliver once this worker has run out of ready tasks rather than at once: completions
         // arrive from JavaScript in batches and wake many attempts together, and each of them
@@ -238,10 +241,15 @@ impl Bridge {
     }
 }
 
+/// Fails every event queued in `batch` and not delivered yet, as a released bridge does.
+fn fail_pending(batch: &Mutex<Batch>) {
+    let pending = batch.lock().drain_ids();
+    complete(pending.into_iter().map(|id| (id, Some(released()))));
+}
+
 fn deliver_now(deliver: &DeliverFn, batch: &Mutex<Batch>) {
     if deliver.call((), ThreadsafeFunctionCallMode::NonBlocking) != Status::Ok {
-        let pending = batch.lock().drain_ids();
-        complete(pending.into_iter().map(|id| (id, Some(released()))));
+        fail_pending(batch);
     }
 }
 
@@ -324,7 +332,7 @@ impl JsHandler {
     ) -> Result<Value, JsHandlerError> {
         let attempt = Attempt::open(context.owned_state());
         let id = attempt.id();
-        let abort = self.bridge.abort_fn();
+        let abort = &self.bridge.abort;
         let queued = with_encoded(
             |array| event(array, id),
             |text| self.bridge.enqueue(id, text),
@@ -375,9 +383,7 @@ impl JsHandler {
                 }, if cancelled.is_some() && !cancel_seen => {
                     cancel_seen = true;
                     attempt.mark_cancelled();
-                    if let Some(abort) = &abort {
-                        abort.call(id, ThreadsafeFunctionCallMode::NonBlocking);
-                    }
+                    abort.call(id, ThreadsafeFunctionCallMode::NonBlocking);
                 }
             }
         };

@@ -434,15 +434,17 @@ mod tests {
         let _again = admission.acquire(&key, TaskClass::Retry).await;
     }
 
+    /// A free permit of `admission`, which must have one.
+    fn free_permit(admission: &SemaphoreAdmission) -> Permit {
+        admission
+            .try_acquire(&Key::from("k"), TaskClass::Normal)
+            .expect("a free permit")
+    }
+
     #[test]
     fn a_slot_is_refilled_in_place_unless_a_clone_is_out() {
         let admission = SemaphoreAdmission::new(3);
-        let key = Key::from("k");
-        let permit = || {
-            admission
-                .try_acquire(&key, TaskClass::Normal)
-                .expect("a free permit")
-        };
+        let permit = || free_permit(&admission);
         let mut slot = PermitSlot::default();
         slot.hold(permit());
         let first = Arc::as_ptr(&slot.shared);
@@ -467,12 +469,7 @@ mod tests {
     #[test]
     fn whether_a_slot_holds_a_permit_follows_every_way_in_and_out() {
         let admission = SemaphoreAdmission::new(2);
-        let key = Key::from("k");
-        let permit = || {
-            admission
-                .try_acquire(&key, TaskClass::Normal)
-                .expect("a free permit")
-        };
+        let permit = || free_permit(&admission);
         let mut slot = PermitSlot::default();
         assert!(!slot.is_held());
         slot.hold(permit());

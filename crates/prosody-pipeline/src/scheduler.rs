@@ -77,10 +77,9 @@ struct Waiter {
     vt: Vt,
     /// Arrival order over both classes (the tie-break between two overdue waiters).
     arrival: u64,
-    /// When it queued, on the scheduler's clock: waits are judged against `max_wait`, which is
-    /// seconds, so the tick-resolution clock the run times are charged on is precise enough
-    /// (the precise clock, read twice per queued request, was a few percent of the Node.js
-    /// worker, where most requests queue).
+    /// When it queued, on the scheduler's clock: the one run times are charged on, precise to a
+    /// tick (a few milliseconds) against a `max_wait` of seconds, and a reading cheaper than the
+    /// precise clock's, which was read twice per queued request.
     since: CoarseInstant,
     grant: oneshot::Sender<Permit>,
 }

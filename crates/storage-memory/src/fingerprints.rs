@@ -182,18 +182,16 @@ impl FingerprintTable {
             return;
         }
         let kept: Vec<Entry> = self.records().filter(|entry| now < entry.expiry).collect();
+        *self = Self::default();
+        if kept.is_empty() {
+            return;
+        }
         self.len = kept.len();
         self.earliest = kept
             .iter()
             .map(|entry| entry.expiry)
             .min()
             .unwrap_or(u64::MAX);
-        self.tags = Box::default();
-        self.fingerprints = Box::default();
-        self.expiries = Box::default();
-        if kept.is_empty() {
-            return;
-        }
         self.allocate(Self::groups_for(kept.len()));
         for entry in kept {
             self.place(entry.fingerprint, entry.expiry);

@@ -11,13 +11,16 @@
 //!
 //! Run: `cargo bench -p prosody-pipeline --bench middleware [-- ROUNDS] [--only NAME]` (default
 //! 5 rounds of 200,000 events over 10,000 keys and 8 partitions, ~100-byte payloads with an
-//! `id`; `--only NAME` runs one subject: `core`, `pipeline` or one of the pipeline's variants
-//! without a part, see `VARIANTS`). `scripts/bench-instructions` runs it under callgrind for
+//! `id`; `--only NAME` runs one subject: `core`, `pipeline`, one of the pipeline's variants
+//! without a part, see `VARIANTS`, or `core-suspending` and `pipeline-suspending`, whose handler
+//! suspends once per event as an asynchronous one does, see `SUSPENDING`). `scripts/bench-instructions` runs it under callgrind for
 //! instruction counts, which do not move between runs at all.
 use std::time::{Duration, Instant};
 
 use prosody_pipeline::Event;
-use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, Subject, VARIANTS, dispatch_one, events};
+use subjects::{
+    EVENTS, KEYS, PARTITIONS, SUBJECTS, SUSPENDING, Subject, VARIANTS, dispatch_one, events,
+};
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
@@ -113,7 +116,11 @@ fn main() {
     let builds: Vec<fn() -> Subject> = match &options.only {
         None => SUBJECTS.to_vec(),
         Some(only) => {
-            let all: Vec<fn() -> Subject> = SUBJECTS.into_iter().chain(VARIANTS).collect();
+            let all: Vec<fn() -> Subject> = SUBJECTS
+                .into_iter()
+                .chain(VARIANTS)
+                .chain(SUSPENDING)
+                .collect();
             let names: Vec<&str> = all
                 .iter()
                 .map(|build| runtime.block_on(async { build().name }))

@@ -13,7 +13,7 @@
 use std::alloc::System;
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
-use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, VARIANTS, dispatch_one, events};
+use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, SUSPENDING, VARIANTS, dispatch_one, events};
 use tokio_util::sync::CancellationToken;
 
 #[path = "common/subjects.rs"]
@@ -38,8 +38,9 @@ fn main() {
             "{EVENTS} events, {KEYS} keys, {PARTITIONS} partitions, heap allocations per event"
         );
         let mut per_event = Vec::new();
-        // The pipeline's variants after the two subjects: what each part allocates per event.
-        for build in SUBJECTS.into_iter().chain(VARIANTS) {
+        // The pipeline's variants after the two subjects: what each part allocates per event;
+        // then both subjects with a handler that suspends once, as an asynchronous one does.
+        for build in SUBJECTS.into_iter().chain(VARIANTS).chain(SUSPENDING) {
             let subject = build();
             let cancel: Vec<std::sync::Arc<CancellationToken>> = (0..PARTITIONS)
                 .map(|_| std::sync::Arc::new(CancellationToken::new()))

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use prosody_api::storage::Ttl;
 use prosody_api::{
-    EventContext, EventHandler, ExciseMessage, HandlerError, Headers, Key, Message, Offset,
-    Partition, Payload, SlabSize, SystemClock, Timer, Timestamp, Topic,
+    CoarseSystemClock, EventContext, EventHandler, ExciseMessage, HandlerError, Headers, Key,
+    Message, Offset, Partition, Payload, SlabSize, SystemClock, Timer, Timestamp, Topic,
 };
 use prosody_pipeline::Event;
 use prosody_pipeline::consumer::{
@@ -47,14 +47,23 @@ const WEEK: Ttl = match Ttl::from_secs(604_800) {
 /// FEATURES.md section 9's `maxConcurrency` default.
 const MAX_CONCURRENCY: usize = 32;
 
-/// A handler that does nothing, as in the throughput bench.
-struct NoOp;
+/// A handler that does nothing, as in the throughput bench: at once, or after suspending once
+/// as an asynchronous handler does (the Node.js binding's waits for JavaScript's promise), so
+/// the layers' work for a pending attempt and the wake that resumes it are counted too.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NoOp {
+    AtOnce,
+    Suspending,
+}
 
 #[async_trait]
 impl EventHandler for NoOp {
     type Error = HandlerError;
 
     async fn on_message(&self, _: &dyn EventContext, _: &Message) -> Result<Value, HandlerError> {
+        if *self == Self::Suspending {
+            suspend_once().await;
+        }
         Ok(Value::Null)
     }
 
@@ -69,6 +78,22 @@ impl EventHandler for NoOp {
     async fn on_timer(&self, _: &dyn EventContext, _: &Timer) -> Result<(), HandlerError> {
         Ok(())
     }
+}
+
+/// Pending once, woken at once: the wake goes straight to the task, as a completion does, where
+/// `tokio::task::yield_now` would also poll the runtime's I/O driver (a system call) each time.
+async fn suspend_once() {
+    let mut suspended = false;
+    std::future::poll_fn(|context| {
+        if suspended {
+            std::task::Poll::Ready(())
+        } else {
+            suspended = true;
+            context.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// Nothing is ever deferred here, so nothing is reloaded.
@@ -107,6 +132,17 @@ pub const VARIANTS: [fn() -> Subject; 4] = [
     || pipeline_without(Part::FairScheduler),
 ];
 
+/// Both subjects with a handler that suspends once per message before answering (run by name,
+/// `--only`): the difference to the plain subject is what a pending handler costs, the case of
+/// every event in the Node.js binding.
+pub const SUSPENDING: [fn() -> Subject; 2] = [
+    || Subject {
+        name: "core-suspending",
+        ..core_with(NoOp::Suspending)
+    },
+    || pipeline_of("pipeline-suspending", None, NoOp::Suspending),
+];
+
 /// A part of the pipeline a variant goes without.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Part {
@@ -138,10 +174,14 @@ pub async fn dispatch_one(subject: &Subject, event: Event, cancel: Arc<Cancellat
 
 /// The throughput bench's `core`: the handler service alone, first come first served.
 pub fn core() -> Subject {
+    core_with(NoOp::AtOnce)
+}
+
+fn core_with(handler: NoOp) -> Subject {
     Subject {
         name: "core",
         dispatch: Arc::new(StackDispatch::from_service(Arc::new(HandlerService::new(
-            Arc::new(NoOp),
+            Arc::new(handler),
         )))),
         admission: Arc::new(SemaphoreAdmission::new(MAX_CONCURRENCY)),
         ids: true,
@@ -151,7 +191,7 @@ pub fn core() -> Subject {
 /// The client's pipeline-mode stack with every layer at FEATURES.md's defaults, the in-memory
 /// stores and no telemetry topic: what the throughput bench's `client` dispatches to.
 pub fn pipeline() -> Subject {
-    pipeline_of("pipeline", None)
+    pipeline_of("pipeline", None, NoOp::AtOnce)
 }
 
 fn pipeline_without(part: Part) -> Subject {
@@ -161,10 +201,10 @@ fn pipeline_without(part: Part) -> Subject {
         Part::Monopolization => "pipeline-without-monopolization",
         Part::FairScheduler => "pipeline-with-semaphore",
     };
-    pipeline_of(name, Some(part))
+    pipeline_of(name, Some(part), NoOp::AtOnce)
 }
 
-fn pipeline_of(name: &'static str, without: Option<Part>) -> Subject {
+fn pipeline_of(name: &'static str, without: Option<Part>, handler: NoOp) -> Subject {
     let has = |part| without != Some(part);
     let timers = Timers::new(
         Arc::new(MemoryTimerStore::new(SlabSize::DEFAULT)),
@@ -204,7 +244,7 @@ fn pipeline_of(name: &'static str, without: Option<Part>) -> Subject {
         timers: Some(timers.clone()),
         retry,
         dedup: DedupLayer {
-            store: Arc::new(MemoryDedupStore::new(SystemClock)),
+            store: Arc::new(MemoryDedupStore::new(CoarseSystemClock)),
             cache_size: 8192,
             group_id: GROUP.to_owned(),
             version: "1".to_owned(),
@@ -237,7 +277,7 @@ fn pipeline_of(name: &'static str, without: Option<Part>) -> Subject {
             timer_spans: SpanRelation::FollowsFrom,
         },
     };
-    let handler = HandlerService::new(Arc::new(NoOp)).with_timers(timers);
+    let handler = HandlerService::new(Arc::new(handler)).with_timers(timers);
     Subject {
         name,
         dispatch: Arc::new(StackDispatch::new(settings, handler)),

@@ -29,14 +29,15 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
+use std::task::Poll;
 use std::thread::Thread;
 use std::time::Duration;
 
+use futures::task::AtomicWaker;
 use napi_derive::napi;
 use parking_lot::Mutex;
 use prosody::api::{ContextError, EventContext, KeyedStateContext, TimerTime};
-use tokio::sync::futures::Notified;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 
 use crate::errors::{ErrorKind, classified};
 use crate::state::{NativeState, bind, state_error};
@@ -94,8 +95,12 @@ struct Shared {
     /// Ticks of the watch ticker seen while live (saturating at [`NUDGE_AT`]).
     age: AtomicU8,
     inbox: Mutex<Inbox>,
-    /// Wakes the attempt's future after something was put in the inbox.
-    arrived: Notify,
+    /// Set by every delivery, cleared when the attempt's future sees it.
+    arrived: AtomicBool,
+    /// The attempt's future while it waits for a delivery. A slot written with atomics rather
+    /// than a `Notify`, whose waiter list is locked to register, to notify and to unregister:
+    /// three locks per event, a few percent of the worker's time in the Node.js benchmark.
+    waiter: AtomicWaker,
 }
 
 /// What JavaScript sent an attempt since its future last looked.
@@ -110,8 +115,10 @@ struct Inbox {
 impl Shared {
     fn deliver(&self, put: impl FnOnce(&mut Inbox)) {
         put(&mut self.inbox.lock());
-        // One waiter, the attempt's future; a permit is kept when it is not waiting yet.
-        self.arrived.notify_one();
+        // Flagged before the wake: a future that registered after the flag was last cleared
+        // sees either the flag or the wake.
+        self.arrived.store(true, Ordering::Release);
+        self.waiter.wake();
     }
 }
 
@@ -186,11 +193,20 @@ impl Attempt {
         self.shared.cancelled.store(true, Ordering::SeqCst);
     }
 
-    /// Resolves when something arrives in the inbox after this was created and
-    /// [enabled](Notified::enable), or arrived before and was not waited for yet: create it,
-    /// enable it, then [`take`](Self::take), and nothing arriving in between is missed.
-    pub fn arrival(&self) -> Notified<'_> {
-        self.shared.arrived.notified()
+    /// Resolves once something was delivered to the inbox since an arrival last resolved
+    /// (at once if that happened before it is awaited): [`take`](Self::take), then await
+    /// this, and nothing delivered in between is missed. What was delivered before a `take`
+    /// that took it may still resolve the next arrival, whose `take` then finds nothing.
+    pub fn arrival(&self) -> impl Future<Output = ()> + '_ {
+        let shared = &*self.shared;
+        std::future::poll_fn(move |context| {
+            shared.waiter.register(context.waker());
+            if shared.arrived.swap(false, Ordering::AcqRel) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
     }
 
     /// Takes what arrived: requests in the order JavaScript made them, and the completion
@@ -406,13 +422,10 @@ mod tests {
         let id = attempt.id();
         let (waiting_tx, waiting) = oneshot::channel();
         let attempt_task = tokio::spawn(async move {
-            let arrival = attempt.arrival();
-            tokio::pin!(arrival);
-            arrival.as_mut().enable();
             let _ = waiting_tx.send(());
             let mut arrived = attempt.take().requests.len();
-            if arrived == 0 {
-                arrival.await;
+            while arrived == 0 {
+                attempt.arrival().await;
                 arrived = attempt.take().requests.len();
             }
             arrived
@@ -437,13 +450,10 @@ mod tests {
         assert!(!attempt.take().watch_cancellation, "not at once");
         let nudge = async {
             loop {
-                let arrival = attempt.arrival();
-                tokio::pin!(arrival);
-                arrival.as_mut().enable();
                 if attempt.take().watch_cancellation {
                     return;
                 }
-                arrival.await;
+                attempt.arrival().await;
             }
         };
         tokio::time::timeout(Duration::from_secs(10), nudge)

@@ -382,10 +382,7 @@ impl JsHandler {
         // `FuturesUnordered` still costs two allocations per event.
         let mut serving = None;
         let settled = loop {
-            // Enabled before the inbox is read: what arrives after the read wakes this loop.
-            let arrival = attempt.arrival();
-            tokio::pin!(arrival);
-            arrival.as_mut().enable();
+            // Awaited after the inbox is read: what arrives after the read wakes this loop.
             let arrived = attempt.take();
             if arrived.watch_cancellation && cancelled.is_none() {
                 cancelled = Some(context.cancelled());
@@ -400,7 +397,7 @@ impl JsHandler {
             }
             tokio::select! {
                 biased;
-                () = &mut arrival => {}
+                () = attempt.arrival() => {}
                 Some(()) = async {
                     match serving.as_mut() {
                         Some(serving) => serving.next().await,

@@ -13,8 +13,9 @@
 //! 5 rounds of 200,000 events over 10,000 keys and 8 partitions, ~100-byte payloads with an
 //! `id`; `--only NAME` runs one subject: `core`, `pipeline`, one of the pipeline's variants
 //! without a part, see `VARIANTS`, or `core-suspending` and `pipeline-suspending`, whose handler
-//! suspends once per event as an asynchronous one does, see `SUSPENDING`). `scripts/bench-instructions` runs it under callgrind for
-//! instruction counts, which do not move between runs at all.
+//! suspends once per event as an asynchronous one does, see `SUSPENDING`).
+//! `scripts/bench-instructions` runs it under callgrind for instruction counts, which do not move
+//! between runs at all.
 use std::time::{Duration, Instant};
 
 use prosody_pipeline::Event;

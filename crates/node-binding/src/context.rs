@@ -444,6 +444,51 @@ mod tests {
         );
     }
 
+    /// Completions from a thread outside the runtime, as the Node.js thread's are, arriving
+    /// while thousands of attempts start waiting on two workers: each must reach its attempt
+    /// (a delivery that neither flags nor wakes fails this within its timeout). The narrower
+    /// race, a delivery between an arrival's check and its registration, is ruled out by the
+    /// order `arrival` keeps (register, then check); this test rarely hits that window.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_completion_is_lost_when_it_races_with_the_wait() {
+        const ATTEMPTS: usize = 2_000;
+        let attempts: Vec<Attempt> = (0..ATTEMPTS).map(|_| Attempt::open(None)).collect();
+        let ids: Vec<u32> = attempts.iter().map(Attempt::id).collect();
+        let waiting: Vec<_> = attempts
+            .into_iter()
+            .map(|attempt| {
+                tokio::spawn(async move {
+                    loop {
+                        if let Some(completion) = attempt.take().completion {
+                            return completion;
+                        }
+                        attempt.arrival().await;
+                    }
+                })
+            })
+            .collect();
+        let completer = std::thread::spawn(move || {
+            // In small batches, as JavaScript reports them, spread over the time the attempts'
+            // tasks take to start waiting so that many completions land while one is between
+            // its `take` and its wait.
+            for batch in ids.chunks(3) {
+                complete(batch.iter().map(|&id| (id, None)));
+                let spread = std::time::Instant::now();
+                while spread.elapsed() < Duration::from_micros(5) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        for attempt in waiting {
+            let completion = tokio::time::timeout(Duration::from_secs(10), attempt)
+                .await
+                .expect("every attempt sees its completion")
+                .expect("the attempt's task ran");
+            assert_eq!(completion, None);
+        }
+        completer.join().expect("the completer ran");
+    }
+
     #[tokio::test]
     async fn a_live_attempt_is_nudged_to_watch_after_a_whole_period() {
         let opened = std::time::Instant::now();

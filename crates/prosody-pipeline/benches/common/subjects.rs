@@ -136,10 +136,7 @@ pub const VARIANTS: [fn() -> Subject; 4] = [
 /// `--only`): the difference to the plain subject is what a pending handler costs, the case of
 /// every event in the Node.js binding.
 pub const SUSPENDING: [fn() -> Subject; 2] = [
-    || Subject {
-        name: "core-suspending",
-        ..core_with(NoOp::Suspending)
-    },
+    || core_of("core-suspending", NoOp::Suspending),
     || pipeline_of("pipeline-suspending", None, NoOp::Suspending),
 ];
 
@@ -174,12 +171,12 @@ pub async fn dispatch_one(subject: &Subject, event: Event, cancel: Arc<Cancellat
 
 /// The throughput bench's `core`: the handler service alone, first come first served.
 pub fn core() -> Subject {
-    core_with(NoOp::AtOnce)
+    core_of("core", NoOp::AtOnce)
 }
 
-fn core_with(handler: NoOp) -> Subject {
+fn core_of(name: &'static str, handler: NoOp) -> Subject {
     Subject {
-        name: "core",
+        name,
         dispatch: Arc::new(StackDispatch::from_service(Arc::new(HandlerService::new(
             Arc::new(handler),
         )))),

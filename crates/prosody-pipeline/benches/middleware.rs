@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use prosody_pipeline::Event;
 use subjects::{
     EVENTS, KEYS, PARTITIONS, SUBJECTS, SUSPENDING, Subject, VARIANTS, dispatch_one, events,
+    partition_watches,
 };
 use tokio::runtime::Runtime;
-use tokio_util::sync::CancellationToken;
 
 #[path = "common/subjects.rs"]
 mod subjects;
@@ -40,14 +40,12 @@ fn thread_cpu() -> Option<Duration> {
 /// Mean CPU time per event of `subject` over `events`, admitted and dispatched one at a time
 /// (the wall clock when the CPU time is not available).
 async fn run(subject: &Subject, events: Vec<(usize, Event)>) -> Duration {
-    let cancel: Vec<std::sync::Arc<CancellationToken>> = (0..PARTITIONS)
-        .map(|_| std::sync::Arc::new(CancellationToken::new()))
-        .collect();
+    let cancel = partition_watches().await;
     let count = u32::try_from(events.len()).unwrap_or(u32::MAX).max(1);
     let started = Instant::now();
     let cpu_started = thread_cpu();
     for (partition, event) in events {
-        dispatch_one(subject, event, cancel[partition].clone()).await;
+        dispatch_one(subject, event, &cancel[partition]).await;
     }
     match (cpu_started, thread_cpu()) {
         (Some(before), Some(after)) => after.saturating_sub(before) / count,

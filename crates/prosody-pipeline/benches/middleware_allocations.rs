@@ -13,8 +13,10 @@
 use std::alloc::System;
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
-use subjects::{EVENTS, KEYS, PARTITIONS, SUBJECTS, SUSPENDING, VARIANTS, dispatch_one, events};
-use tokio_util::sync::CancellationToken;
+use subjects::{
+    EVENTS, KEYS, PARTITIONS, SUBJECTS, SUSPENDING, VARIANTS, dispatch_one, events,
+    partition_watches,
+};
 
 #[path = "common/subjects.rs"]
 mod subjects;
@@ -42,15 +44,13 @@ fn main() {
         // then both subjects with a handler that suspends once, as an asynchronous one does.
         for build in SUBJECTS.into_iter().chain(VARIANTS).chain(SUSPENDING) {
             let subject = build();
-            let cancel: Vec<std::sync::Arc<CancellationToken>> = (0..PARTITIONS)
-                .map(|_| std::sync::Arc::new(CancellationToken::new()))
-                .collect();
+            let cancel = partition_watches().await;
             let mut measured = None;
             for round in 0..2 {
                 let events = events(round, subject.ids);
                 let region = Region::new(GLOBAL);
                 for (partition, event) in events {
-                    dispatch_one(&subject, event, cancel[partition].clone()).await;
+                    dispatch_one(&subject, event, &cancel[partition]).await;
                 }
                 measured = Some(region.change());
             }

@@ -14,7 +14,8 @@ use prosody_api::{
 };
 use prosody_pipeline::Event;
 use prosody_pipeline::consumer::{
-    Admission, Dispatch, Outcome, PermitSlot, SemaphoreAdmission, TaskClass, admit,
+    Admission, CancelSignal, CancelWatch, Dispatch, Outcome, PermitSlot, SemaphoreAdmission,
+    TaskClass, admit,
 };
 use prosody_pipeline::dispatch::HandlerService;
 use prosody_pipeline::kafka::loader::{LoadError, LoadRecord};
@@ -33,7 +34,6 @@ use prosody_pipeline::telemetry::SpanRelation;
 use prosody_pipeline::timers::{TimerSettings, Timers};
 use serde_json::{Value, json};
 use storage_memory::{MemoryDedupStore, MemoryDeferStore, MemoryTimerStore};
-use tokio_util::sync::CancellationToken;
 
 pub const EVENTS: usize = 200_000;
 pub const KEYS: usize = 10_000;
@@ -152,13 +152,14 @@ enum Part {
 }
 
 /// Admits and dispatches `event` as the engine does: a permit from the subject's admission,
-/// then `dispatch_admitted`, the permit dropped after the outcome is recorded.
-pub async fn dispatch_one(subject: &Subject, event: Event, cancel: Arc<CancellationToken>) {
+/// then `dispatch_admitted`, the permit dropped after the outcome is recorded. `cancel` is the
+/// event's partition's, enlisted by the task that dispatches, as a runner's is.
+pub async fn dispatch_one(subject: &Subject, event: Event, cancel: &CancelWatch) {
     let key = event.key().clone();
     let permit = PermitSlot::holding(admit(&*subject.admission, &key, TaskClass::Normal).await);
     let outcome = subject
         .dispatch
-        .dispatch_admitted(&event, &cancel, &permit)
+        .dispatch_admitted(&event, cancel, &permit)
         .await;
     drop(permit);
     if outcome != Outcome::Completed {
@@ -167,6 +168,16 @@ pub async fn dispatch_one(subject: &Subject, event: Event, cancel: Arc<Cancellat
             subject.name
         );
     }
+}
+
+/// One cancellation per partition, each enlisted by the calling task (which dispatches the
+/// events, as a runner does).
+pub async fn partition_watches() -> Vec<CancelWatch> {
+    let mut watches = Vec::new();
+    for _ in 0..PARTITIONS {
+        watches.push(Arc::new(CancelSignal::new()).enlist().await);
+    }
+    watches
 }
 
 /// The throughput bench's `core`: the handler service alone, first come first served.

@@ -14,10 +14,10 @@ use parking_lot::Mutex;
 use prosody_api::{Key, Offset};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, Semaphore};
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::admission::{Admission, PermitSlot, SemaphoreAdmission, TaskClass, settle};
+use super::cancel::{CancelSignal, CancelWatch};
 use super::partition::{Next, Offer, PartitionWork};
 use super::topic_partition::TopicPartition;
 use super::work::{Keyed, Work};
@@ -45,23 +45,24 @@ pub enum Outcome {
 #[async_trait]
 pub trait Dispatch: Send + Sync + 'static {
     /// Handles `event`. `cancel` fires when the work must stop (revocation, shutdown).
-    async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome;
+    async fn dispatch(&self, event: Event, cancel: Arc<CancelSignal>) -> Outcome;
 
     /// Handles `event` under the admission permit the engine acquired for it, in `permit`.
     /// The engine calls this one; a dispatch that retries overrides it to give the permit
     /// back while it waits (see [`super::admission`]). The default leaves the permit where it
     /// is, so it is held for the whole dispatch.
     ///
-    /// Everything is borrowed: the engine's runner keeps the event, its partition's
-    /// cancellation and the permit's slot while the dispatch runs, so the dispatch needs no
-    /// allocation for the event and no share of what the partition's events have in common.
+    /// Everything is borrowed: the engine's runner keeps the event, its view of the
+    /// partition's cancellation (the runner's task enlisted, see [`CancelSignal::enlist`]) and
+    /// the permit's slot while the dispatch runs, so the dispatch needs no allocation for the
+    /// event and no share of what the partition's events have in common.
     async fn dispatch_admitted(
         &self,
         event: &Event,
-        cancel: &Arc<CancellationToken>,
+        cancel: &CancelWatch,
         _permit: &PermitSlot,
     ) -> Outcome {
-        self.dispatch(event.clone(), cancel.clone()).await
+        self.dispatch(event.clone(), cancel.signal().clone()).await
     }
 }
 
@@ -93,7 +94,7 @@ struct Slot {
     /// Cancellation of every handler of this assignment (fired on revocation and shutdown).
     /// Fixed for the assignment, so runners lend it to each dispatch without a lock, and its
     /// identity tells one assignment from another (see `middleware::defer`).
-    cancel: Arc<CancellationToken>,
+    cancel: Arc<CancelSignal>,
     work: Mutex<PartitionWork<Work>>,
     health: PartitionHealth,
     drained: Notify,
@@ -246,7 +247,7 @@ impl Engine {
                 partition.clone(),
                 Arc::new(Slot {
                     partition,
-                    cancel: Arc::new(CancellationToken::new()),
+                    cancel: Arc::new(CancelSignal::new()),
                     work: Mutex::new(work),
                     health,
                     drained: Notify::new(),
@@ -542,6 +543,8 @@ impl Engine {
     /// runner, until the assignment ends.
     async fn run_key(self, slot: Arc<Slot>, mut key: Key) {
         let partition = &slot.partition;
+        // Enlisted once: the dispatches' waits for cancellation cost no registration each.
+        let cancel = slot.cancel.enlist().await;
         // One slot for all of the runner's events, refilled per event (see `PermitSlot::hold`).
         let mut permit = PermitSlot::default();
         // The permit of the event just finished when the runner goes straight on to another:
@@ -605,11 +608,11 @@ impl Engine {
                 key = next;
                 continue;
             }
-            let dispatched = AssertUnwindSafe(self.inner.dispatch.dispatch_admitted(
-                &event,
-                &slot.cancel,
-                &permit,
-            ))
+            let dispatched = AssertUnwindSafe(
+                self.inner
+                    .dispatch
+                    .dispatch_admitted(&event, &cancel, &permit),
+            )
             .catch_unwind()
             .await;
             let completed = match dispatched {
@@ -758,12 +761,12 @@ mod tests {
         wait_for_cancel: bool,
         /// Each distinct cancellation a dispatch was given, kept alive so none of their
         /// addresses is reused.
-        cancellations: Mutex<Vec<Arc<CancellationToken>>>,
+        cancellations: Mutex<Vec<Arc<CancelSignal>>>,
     }
 
     #[async_trait]
     impl Dispatch for Recorder {
-        async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome {
+        async fn dispatch(&self, event: Event, cancel: Arc<CancelSignal>) -> Outcome {
             {
                 let mut cancellations = self.cancellations.lock();
                 if !cancellations.iter().any(|seen| Arc::ptr_eq(seen, &cancel)) {

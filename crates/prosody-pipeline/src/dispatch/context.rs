@@ -12,8 +12,8 @@ use prosody_api::{
 };
 use serde_json::Value;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
+use crate::consumer::CancelWatch;
 use crate::state::AttemptState;
 use crate::timers::{StagedTimers, TimerWrite};
 
@@ -27,13 +27,13 @@ use crate::timers::{StagedTimers, TimerWrite};
 /// [`AttemptContext::give_up`] when the event is completed without success, and nothing (drop
 /// the context) when the attempt failed and will be retried.
 ///
-/// It borrows the event's key and the dispatch's cancellation token, for the attempt is over
+/// It borrows the event's key and the dispatch's view of its cancellation, for the attempt is over
 /// before the dispatch ends: taking shares of them would move the token's reference count
 /// between the cores handling a partition's events, twice per event.
 #[derive(Debug)]
 pub struct AttemptContext<'a> {
     key: &'a Key,
-    cancel: &'a CancellationToken,
+    cancel: &'a CancelWatch,
     deadline: Option<Instant>,
     attempt: u32,
     ended: AtomicBool,
@@ -45,13 +45,13 @@ impl<'a> AttemptContext<'a> {
     /// A context for an attempt on `key`, cancelled through `cancel`, without timers (their
     /// calls fail with an invalid-request error).
     #[must_use]
-    pub fn new(key: &'a Key, cancel: &'a CancellationToken) -> Self {
+    pub fn new(key: &'a Key, cancel: &'a CancelWatch) -> Self {
         Self::for_attempt(key, cancel, 1)
     }
 
     /// A context for attempt number `attempt` (from 1) on `key`.
     #[must_use]
-    pub fn for_attempt(key: &'a Key, cancel: &'a CancellationToken, attempt: u32) -> Self {
+    pub fn for_attempt(key: &'a Key, cancel: &'a CancelWatch, attempt: u32) -> Self {
         Self {
             key,
             cancel,
@@ -302,7 +302,7 @@ mod tests {
             Arc::new(SystemClock),
             TimerSettings::default(),
         );
-        let (key, cancel) = (Key::from("k"), CancellationToken::new());
+        let (key, cancel) = (Key::from("k"), CancelWatch::detached(Arc::default()));
         let message = message("k", json!({}));
         let on_message = AttemptContext::new(&key, &cancel).with_timers(timers.stage(&message));
         assert!(on_message.writes_nothing());
@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_collection_without_any_registered_is_unregistered_and_permanent() {
-        let (key, cancel) = (Key::from("k"), CancellationToken::new());
+        let (key, cancel) = (Key::from("k"), CancelWatch::detached(Arc::default()));
         let context = AttemptContext::new(&key, &cancel);
         let Err(error) = context.map("orders") else {
             panic!("a handle on a collection that is not registered");

@@ -50,12 +50,12 @@ use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, Partition
 use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
 use serde_json::Value;
 use tokio::sync::OnceCell;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::failure_policy::Destination;
 use super::failure_rate::{FailureRate, Locked};
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
+use crate::consumer::CancelSignal;
 use crate::event::{Event, FiredTimer};
 use crate::hashing::KeyMap;
 use crate::kafka::loader::LoadRecord;
@@ -296,7 +296,7 @@ struct Ownership {
     /// carries this very `Arc`, which is how an event finds its ownership without locking the
     /// token to ask whether it fired. Held here, it cannot be freed and its address reused by
     /// a later assignment while the ownership is remembered.
-    revoked: Arc<CancellationToken>,
+    revoked: Arc<CancelSignal>,
     keys: OnceCell<Mutex<DeferredKeys>>,
     /// How many keys `keys` lists, readable without its lock: every event asks about its key,
     /// and a partition with nothing deferred (nearly always) answers with no lock taken.
@@ -328,7 +328,7 @@ fn find<'o>(
     owned: &'o Ownerships,
     topic: &Topic,
     partition: Partition,
-    cancel: &Arc<CancellationToken>,
+    cancel: &Arc<CancelSignal>,
 ) -> Option<&'o Arc<Ownership>> {
     owned
         .get(topic)
@@ -407,7 +407,7 @@ struct Place<'t> {
     partition: Partition,
     key: &'t Key,
     /// The assignment the event belongs to, which names its ownership.
-    assignment: &'t Arc<CancellationToken>,
+    assignment: &'t Arc<CancelSignal>,
     known: Known,
 }
 
@@ -515,15 +515,17 @@ impl<S: Service> Defer<S> {
     fn place<'t>(&self, task: &'t Task<'t>) -> Place<'t> {
         let (topic, partition) = task.event.source();
         let key = task.event.key();
-        let known = match find(&self.owned.load(), topic, partition, task.cancel) {
+        let known = match find(&self.owned.load(), topic, partition, task.cancel.signal()) {
             Some(ownership) => ownership.known(key),
-            None => self.ownership(topic, partition, task.cancel).known(key),
+            None => self
+                .ownership(topic, partition, task.cancel.signal())
+                .known(key),
         };
         Place {
             topic,
             partition,
             key,
-            assignment: task.cancel,
+            assignment: task.cancel.signal(),
             known,
         }
     }
@@ -536,7 +538,7 @@ impl<S: Service> Defer<S> {
         &self,
         topic: &Topic,
         partition: Partition,
-        cancel: &Arc<CancellationToken>,
+        cancel: &Arc<CancelSignal>,
     ) -> Arc<Ownership> {
         if let Some(ownership) = find(&self.owned.load(), topic, partition, cancel) {
             return ownership.clone();
@@ -1062,6 +1064,7 @@ impl<S: Service> Defer<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consumer::CancelWatch;
     use crate::kafka::loader::LoadError;
     use crate::middleware::stack::testing::{excise, leak, message, task};
     use crate::timers::TimerSettings;
@@ -1415,9 +1418,9 @@ mod tests {
         }
     }
 
-    fn owned_by(event: Event, offset: i64, ownership: &Arc<CancellationToken>) -> Task<'static> {
+    fn owned_by(event: Event, offset: i64, ownership: &Arc<CancelSignal>) -> Task<'static> {
         Task {
-            cancel: leak(ownership.clone()),
+            cancel: leak(CancelWatch::detached(ownership.clone())),
             ..at(event, offset)
         }
     }
@@ -1451,7 +1454,7 @@ mod tests {
             give_up: Destination::Log,
         })
         .wrap(f.inner.clone());
-        let ownership = Arc::new(CancellationToken::new());
+        let ownership = Arc::new(CancelSignal::new());
         for (offset, key) in (2..).zip(["a", "b", "a", "c"]) {
             let verdict = layer
                 .call(&owned_by(message(key, json!({})), offset, &ownership))
@@ -1504,7 +1507,7 @@ mod tests {
         );
         // A revocation ends the ownership: the next one lists the keys again.
         ownership.cancel();
-        let next = Arc::new(CancellationToken::new());
+        let next = Arc::new(CancelSignal::new());
         layer
             .call(&owned_by(message("b", json!({})), 11, &next))
             .await
@@ -1512,7 +1515,7 @@ mod tests {
         assert_eq!(store.reads(), (2, 2));
         // A late event of the revoked assignment, from a partition it never listed, cannot
         // displace the current ownership: the next event of the new one lists nothing again.
-        let revoked = Arc::new(CancellationToken::new());
+        let revoked = Arc::new(CancelSignal::new());
         revoked.cancel();
         layer
             .call(&owned_by(message("b", json!({})), 12, &revoked))

@@ -16,11 +16,11 @@
 use prosody_api::ClassifyError;
 use rdkafka::types::RDKafkaErrorCode;
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use super::retry::RetryPolicy;
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
+use crate::consumer::CancelWatch;
 use crate::event::Event;
 use crate::kafka::producer::{Producer, RawRecord, SendOptions};
 use crate::timers::Timers;
@@ -99,12 +99,7 @@ impl<S: Service> Service for FailurePolicy<S> {
 }
 
 impl<S: Service> FailurePolicy<S> {
-    async fn give_up(
-        &self,
-        event: &Event,
-        failure: &Failure,
-        cancel: &CancellationToken,
-    ) -> Verdict {
+    async fn give_up(&self, event: &Event, failure: &Failure, cancel: &CancelWatch) -> Verdict {
         if let Event::Timer(fired) = event {
             // No record to forward: log it, and remove the timer so it does not fire again.
             error!(key = %fired.timer.key, time = %fired.timer.time, attempts = failure.attempt,
@@ -128,12 +123,7 @@ impl Destination {
     ///
     /// # Errors
     /// [`FailureKind::Cancelled`] when `cancel` fired before the record landed.
-    pub async fn forward(
-        &self,
-        event: &Event,
-        failure: &Failure,
-        cancel: &CancellationToken,
-    ) -> Verdict {
+    pub async fn forward(&self, event: &Event, failure: &Failure, cancel: &CancelWatch) -> Verdict {
         let Destination::FailureTopic {
             topic,
             producer,
@@ -161,8 +151,13 @@ impl Destination {
                 value: value.as_deref(),
                 headers: &headers,
             };
-            let options = SendOptions::default().with_cancel(cancel.clone());
-            let refusal = match producer.send_raw(topic, record, options).await {
+            // Biased: once cancelled, the record is not enqueued.
+            let outcome = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Err(Failure::cancelled(failure.attempt)),
+                outcome = producer.send_raw(topic, record, SendOptions::default()) => outcome,
+            };
+            let refusal = match outcome {
                 Ok(delivery) => {
                     warn!(key = %event.key(), offset = ?event.offset(), attempts = failure.attempt,
                         reason = %failure.reason, failure_topic = %topic,

@@ -41,13 +41,11 @@ pub mod timeout;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::consumer::{CancelWatch, PermitSlot};
+use crate::event::Event;
 use prosody_api::CoarseInstant;
 use serde_json::Value;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-
-use crate::consumer::PermitSlot;
-use crate::event::Event;
 
 pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
 
@@ -59,12 +57,13 @@ pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
 pub struct Task<'a> {
     /// The event.
     pub event: &'a Event,
-    /// Fires when the work must stop: revocation and shutdown. The partition assignment's own
-    /// `Arc`, borrowed like everything the attempt needs from its dispatch (tokio-util takes
-    /// its token tree's lock on every clone and drop of a token). There is one per assignment,
-    /// so its identity tells a layer keeping per-assignment state (deferral ownership) which
-    /// assignment an event belongs to without asking the token.
-    pub cancel: &'a Arc<CancellationToken>,
+    /// Fires when the work must stop: revocation and shutdown. The dispatching runner's view
+    /// of its assignment's signal, borrowed like everything the attempt needs from its
+    /// dispatch; waits polled by the runner's task need no registration (see
+    /// [`crate::consumer::cancel`]). There is one signal per assignment, so its identity tells
+    /// a layer keeping per-assignment state (deferral ownership) which assignment an event
+    /// belongs to.
+    pub cancel: &'a CancelWatch,
     /// Past this instant the attempt counts as cancelled too (set by the timeout layer).
     /// A deadline rather than a timer per attempt: nothing is registered unless the handler
     /// actually waits for cancellation.

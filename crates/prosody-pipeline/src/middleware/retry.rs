@@ -159,7 +159,7 @@ mod tests {
         })
         .wrap(calls.clone());
         let task = task(message("k", json!({})));
-        let cancel = task.cancel.clone();
+        let cancel = task.cancel.signal().clone();
         let running = tokio::spawn(async move { retry.call(&task).await });
         calls.wait_for(1).await;
         cancel.cancel();

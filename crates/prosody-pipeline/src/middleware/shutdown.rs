@@ -83,7 +83,7 @@ mod tests {
         let calls = Calls::succeeding();
         let layer = Box::new(ShutdownLayer::for_budget(Duration::from_secs(1))).wrap(calls.clone());
         let task = task(message("k", json!({})));
-        task.cancel.cancel();
+        task.cancel.signal().cancel();
         let verdict = layer.call(&task).await;
         assert_eq!(verdict.map_err(|f| f.kind), Err(FailureKind::Cancelled));
         assert_eq!(calls.count(), 0);
@@ -97,7 +97,7 @@ mod tests {
         })
         .wrap(calls.clone());
         let task = task(message("k", json!({})));
-        let cancel = task.cancel.clone();
+        let cancel = task.cancel.signal().clone();
         let running = tokio::spawn(async move { layer.call(&task).await });
         calls.wait_for(1).await;
         let cancelled_at = tokio::time::Instant::now();

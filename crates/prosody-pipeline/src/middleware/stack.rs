@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 use super::allowed_events::AllowedEventsLayer;
@@ -21,7 +20,7 @@ use super::shutdown::ShutdownLayer;
 use super::telemetry::TelemetryLayer;
 use super::timeout::TimeoutLayer;
 use super::{Layer, Service, Task, Verdict};
-use crate::consumer::{Admission, Dispatch, Outcome, PermitSlot};
+use crate::consumer::{Admission, CancelSignal, CancelWatch, Dispatch, Outcome, PermitSlot};
 use crate::event::Event;
 use crate::timers::Timers;
 
@@ -194,7 +193,7 @@ pub trait DynService: Send + Sync + 'static {
     fn dispatch_boxed<'a>(
         &'a self,
         event: &'a Event,
-        cancel: &'a Arc<CancellationToken>,
+        cancel: &'a CancelWatch,
         permit: &'a PermitSlot,
     ) -> BoxFuture<'a, Outcome>;
 }
@@ -203,7 +202,7 @@ impl<S: Service> DynService for S {
     fn dispatch_boxed<'a>(
         &'a self,
         event: &'a Event,
-        cancel: &'a Arc<CancellationToken>,
+        cancel: &'a CancelWatch,
         permit: &'a PermitSlot,
     ) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
@@ -259,7 +258,8 @@ impl StackDispatch {
 
 #[async_trait]
 impl Dispatch for StackDispatch {
-    async fn dispatch(&self, event: Event, cancel: Arc<CancellationToken>) -> Outcome {
+    async fn dispatch(&self, event: Event, cancel: Arc<CancelSignal>) -> Outcome {
+        let cancel = CancelWatch::detached(cancel);
         self.dispatch_admitted(&event, &cancel, &PermitSlot::default())
             .await
     }
@@ -269,7 +269,7 @@ impl Dispatch for StackDispatch {
     fn dispatch_admitted<'life0, 'life1, 'life2, 'life3, 'async_trait>(
         &'life0 self,
         event: &'life1 Event,
-        cancel: &'life2 Arc<CancellationToken>,
+        cancel: &'life2 CancelWatch,
         permit: &'life3 PermitSlot,
     ) -> BoxFuture<'async_trait, Outcome>
     where
@@ -294,8 +294,8 @@ pub(crate) mod testing {
     use prosody_api::{ExciseMessage, Headers, Key, Message, Offset, Partition, Timestamp, Topic};
     use serde_json::Value;
     use tokio::sync::watch;
-    use tokio_util::sync::CancellationToken;
 
+    use crate::consumer::{CancelSignal, CancelWatch};
     use crate::event::{Event, RejectedRecord};
     use crate::middleware::{Failure, FailureKind, Service, Task, Verdict};
 
@@ -435,7 +435,7 @@ pub(crate) mod testing {
     pub(crate) fn task(event: Event) -> Task<'static> {
         Task {
             event: Box::leak(Box::new(event)),
-            cancel: leak(Arc::new(CancellationToken::new())),
+            cancel: leak(CancelWatch::detached(Arc::new(CancelSignal::new()))),
             deadline: None,
             started: None,
             attempt: 1,

@@ -83,7 +83,7 @@ mod tests {
         let calls = Calls::until_cancelled(FailureKind::Transient);
         let layer = timed(Duration::from_millis(250), calls.clone());
         let task = task(message("k", json!({})));
-        let parent = task.cancel.clone();
+        let parent = task.cancel.signal().clone();
         let started = Instant::now();
         let verdict = layer.call(&task).await;
         assert_eq!(started.elapsed(), Duration::from_millis(250));
@@ -111,7 +111,7 @@ mod tests {
         let calls = Calls::until_cancelled(FailureKind::Cancelled);
         let layer = timed(Duration::from_secs(60), calls.clone());
         let task = task(message("k", json!({})));
-        let cancel = task.cancel.clone();
+        let cancel = task.cancel.signal().clone();
         let running = tokio::spawn(async move { layer.call(&task).await });
         calls.wait_for(1).await;
         let started = Instant::now();

@@ -11,10 +11,11 @@
 //! changes nothing, as the API contract requires.
 //!
 //! An attempt watches for its cancellation (timeout, revocation, shutdown) only once it has
-//! lasted a while. Arming the watch (a timer for the deadline and a waiter on the partition's
-//! cancellation token) and dropping it cost about 1,300 instructions, of the ~20,000 the Rust
-//! side spends on a JavaScript event, and most JavaScript handlers settle within a round trip
-//! of a millisecond or two. So one process-wide ticker, running while attempts are live,
+//! lasted a while. Arming the watch (a timer for the deadline; the partition's cancellation
+//! needs no registration from the key runner's task, see `prosody_pipeline::consumer::cancel`)
+//! and dropping it cost about 1,300 instructions when it also registered on a tokio-util token,
+//! of the ~20,000 the Rust side spent on a JavaScript event, and most JavaScript handlers settle
+//! within a round trip of a millisecond or two. So one process-wide ticker, running while attempts are live,
 //! counts their age every [`WATCH_AFTER`] and nudges those live for a whole period through
 //! their inbox; the nudged attempt then arms the watch, which fires at once if the deadline
 //! already passed. A handler therefore sees its `AbortSignal` at most two periods after the

@@ -176,22 +176,17 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Spawns a task that enlists if `enlisted`, polls a wait once (pending) and then awaits
-    /// it; returns once that first poll happened.
+    /// Spawns a task that waits with `lent` (a watch another task enlisted), or with a watch
+    /// it enlists itself when there is none; returns once its first poll of the wait was
+    /// pending.
     async fn waiting_task(
         signal: &Arc<CancelSignal>,
-        enlisted: bool,
+        lent: Option<CancelWatch>,
     ) -> tokio::task::JoinHandle<()> {
         let (polled, first_poll) = tokio::sync::oneshot::channel();
-        let watch = if enlisted {
-            None
-        } else {
-            // Enlisted by this (another) task: the spawned one is not.
-            Some(signal.enlist().await)
-        };
         let signal = signal.clone();
         let waiting = tokio::spawn(async move {
-            let watch = match watch {
+            let watch = match lent {
                 Some(watch) => watch,
                 None => signal.enlist().await,
             };
@@ -204,11 +199,11 @@ mod tests {
         waiting
     }
 
-    #[tokio::test]
-    async fn an_enlisted_task_waiting_without_registering_is_woken_by_the_firing() {
-        let signal = Arc::new(CancelSignal::new());
-        let waiting = waiting_task(&signal, true).await;
-        assert_eq!(signal.runners.lock().len(), 1);
+    /// Fires `signal` and fails unless `waiting` ends soon after.
+    async fn assert_woken_by_the_firing(
+        signal: &CancelSignal,
+        waiting: tokio::task::JoinHandle<()>,
+    ) {
         signal.cancel();
         tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
@@ -217,14 +212,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_enlisted_task_waiting_without_registering_is_woken_by_the_firing() {
+        let signal = Arc::new(CancelSignal::new());
+        let waiting = waiting_task(&signal, None).await;
+        assert_eq!(signal.runners.lock().len(), 1);
+        assert_woken_by_the_firing(&signal, waiting).await;
+    }
+
+    #[tokio::test]
     async fn a_wait_polled_by_a_task_that_did_not_enlist_registers_and_is_woken() {
         let signal = Arc::new(CancelSignal::new());
-        let waiting = waiting_task(&signal, false).await;
-        signal.cancel();
-        tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("woken")
-            .expect("joined");
+        // Enlisted by this task, waited on by another.
+        let lent = signal.enlist().await;
+        let waiting = waiting_task(&signal, Some(lent)).await;
+        assert_woken_by_the_firing(&signal, waiting).await;
     }
 
     #[tokio::test]

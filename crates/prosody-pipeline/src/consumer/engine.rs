@@ -92,8 +92,8 @@ pub struct EngineLimits {
 struct Slot {
     partition: TopicPartition,
     /// Cancellation of every handler of this assignment (fired on revocation and shutdown).
-    /// Fixed for the assignment, so runners lend it to each dispatch without a lock, and its
-    /// identity tells one assignment from another (see `middleware::defer`).
+    /// Fixed for the assignment: each runner enlists once and lends its view to every
+    /// dispatch, and its identity tells one assignment from another (see `middleware::defer`).
     cancel: Arc<CancelSignal>,
     work: Mutex<PartitionWork<Work>>,
     health: PartitionHealth,

@@ -27,8 +27,8 @@ use crate::timers::{StagedTimers, TimerWrite};
 /// [`AttemptContext::give_up`] when the event is completed without success, and nothing (drop
 /// the context) when the attempt failed and will be retried.
 ///
-/// It borrows the event's key and the dispatch's view of its cancellation, for the attempt is over
-/// before the dispatch ends: taking shares of them would move the token's reference count
+/// It borrows the event's key and the dispatch's view of its cancellation, for the attempt is
+/// over before the dispatch ends: taking shares of them would move the signal's reference count
 /// between the cores handling a partition's events, twice per event.
 #[derive(Debug)]
 pub struct AttemptContext<'a> {

@@ -293,8 +293,8 @@ impl KeyWork {
 /// store by the first event that needs them.
 struct Ownership {
     /// The assignment's cancellation, the dispatch's own `Arc`: an event of the same assignment
-    /// carries this very `Arc`, which is how an event finds its ownership without locking the
-    /// token to ask whether it fired. Held here, it cannot be freed and its address reused by
+    /// carries this very `Arc`, which is how an event finds its ownership without asking the
+    /// signal whether it fired. Held here, it cannot be freed and its address reused by
     /// a later assignment while the ownership is remembered.
     revoked: Arc<CancelSignal>,
     keys: OnceCell<Mutex<DeferredKeys>>,

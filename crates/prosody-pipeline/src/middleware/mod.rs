@@ -41,11 +41,12 @@ pub mod timeout;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::consumer::{CancelWatch, PermitSlot};
-use crate::event::Event;
 use prosody_api::CoarseInstant;
 use serde_json::Value;
 use tokio::time::Instant;
+
+use crate::consumer::{CancelWatch, PermitSlot};
+use crate::event::Event;
 
 pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
 

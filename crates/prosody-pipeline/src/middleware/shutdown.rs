@@ -53,7 +53,7 @@ impl<S: Service> Service for Shutdown<S> {
         }
         let running = self.inner.call(task);
         tokio::pin!(running);
-        // Biased: an attempt that finishes at once never registers with the token.
+        // Biased: an attempt that finishes at once never polls the wait for cancellation.
         tokio::select! {
             biased;
             verdict = &mut running => verdict,

@@ -5,7 +5,7 @@
 //!
 //! The deadline belongs to the attempt: revocation and shutdown still reach the handler, and
 //! a later attempt gets a fresh deadline. A deadline costs nothing on the hot path (no timer,
-//! no child token); only a handler that waits for cancellation arms a timer.
+//! no child cancellation); only a handler that waits for cancellation arms a timer.
 
 use std::time::Duration;
 

@@ -15,11 +15,11 @@
 //! needs no registration from the key runner's task, see `prosody_pipeline::consumer::cancel`)
 //! and dropping it cost about 1,300 instructions when it also registered on a tokio-util token,
 //! of the ~20,000 the Rust side spent on a JavaScript event, and most JavaScript handlers settle
-//! within a round trip of a millisecond or two. So one process-wide ticker, running while attempts are live,
-//! counts their age every [`WATCH_AFTER`] and nudges those live for a whole period through
-//! their inbox; the nudged attempt then arms the watch, which fires at once if the deadline
-//! already passed. A handler therefore sees its `AbortSignal` at most two periods after the
-//! cancellation. The ticker is a thread that parks while no attempt is live; if it cannot be
+//! within a round trip of a millisecond or two. So one process-wide ticker, running while
+//! attempts are live, counts their age every [`WATCH_AFTER`] and nudges those live for a whole
+//! period through their inbox; the nudged attempt then arms the watch, which fires at once if
+//! the deadline already passed. A handler therefore sees its `AbortSignal` at most two periods
+//! after the cancellation. The ticker is a thread that parks while no attempt is live; if it cannot be
 //! started, attempts watch from the start.
 //!
 //! Timers are served here. Keyed state does not need the inbox: the slot also keeps the

@@ -12,7 +12,7 @@
 //! by any other task (a handler's own task, a test) registers on a [`Notify`] as usual.
 
 use std::fmt;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -68,16 +68,13 @@ impl CancelSignal {
 
     /// Completes once the signal fired, polled from any task.
     pub async fn cancelled(&self) {
-        let mut notified = pin!(self.others.notified());
-        loop {
-            // Enabled before the check: a firing after the check notifies this waiter.
-            notified.as_mut().enable();
-            if self.is_cancelled() {
-                return;
-            }
-            notified.as_mut().await;
-            notified.set(self.others.notified());
+        // Made before the check: `notify_waiters` reaches every `Notified` made before it, polled
+        // or not. Only the firing notifies, so a notification means it fired.
+        let notified = self.others.notified();
+        if self.is_cancelled() {
+            return;
         }
+        notified.await;
     }
 
     /// A view of the signal for the task that awaits this: the task is woken when the signal
@@ -174,6 +171,7 @@ impl Future for Cancelled<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::pin;
     use std::time::Duration;
 
     /// Spawns a task that waits with `lent` (a watch another task enlisted), or with a watch

@@ -5,6 +5,7 @@
 //! offset and backpressure rules are unit tested without a broker; the poll loop and the
 //! producer, admin and mock-cluster wrappers are the parts that talk to librdkafka.
 
+pub mod boxing;
 pub mod consumer;
 pub mod dispatch;
 pub mod event;

@@ -8,6 +8,7 @@
 //! still need the precise clock.
 
 use std::ops::Add;
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use crate::clock::Clock;
@@ -28,6 +29,14 @@ impl CoarseInstant {
     #[must_use]
     pub fn saturating_duration_since(self, earlier: Self) -> Duration {
         self.0.saturating_sub(earlier.0)
+    }
+
+    /// How far a reading may lag the precise clock: the kernel's tick (the coarse clock's
+    /// resolution), asked once.
+    #[must_use]
+    pub fn tick() -> Duration {
+        static TICK: OnceLock<Duration> = OnceLock::new();
+        *TICK.get_or_init(read::tick)
     }
 }
 
@@ -54,7 +63,7 @@ impl Clock for CoarseSystemClock {
 mod read {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use rustix::time::{ClockId, Timespec, clock_gettime};
+    use rustix::time::{ClockId, Timespec, clock_getres, clock_gettime};
 
     pub(super) fn monotonic() -> Duration {
         duration(clock_gettime(ClockId::MonotonicCoarse))
@@ -62,6 +71,10 @@ mod read {
 
     pub(super) fn wall() -> SystemTime {
         UNIX_EPOCH + duration(clock_gettime(ClockId::RealtimeCoarse))
+    }
+
+    pub(super) fn tick() -> Duration {
+        duration(clock_getres(ClockId::MonotonicCoarse))
     }
 
     /// The kernel keeps both fields in range; out-of-range values (a wall clock set before
@@ -88,6 +101,10 @@ mod read {
     pub(super) fn wall() -> SystemTime {
         SystemTime::now()
     }
+
+    pub(super) fn tick() -> Duration {
+        Duration::ZERO
+    }
 }
 
 #[cfg(test)]
@@ -109,6 +126,13 @@ mod tests {
         let precise = precise_start.elapsed();
         assert!(coarse + TICK_BOUND >= precise, "{coarse:?} vs {precise:?}");
         assert!(coarse <= precise + TICK_BOUND, "{coarse:?} vs {precise:?}");
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_tick_is_the_kernels() {
+        let tick = CoarseInstant::tick();
+        assert!(tick > Duration::ZERO && tick <= TICK_BOUND, "{tick:?}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod boxing;
 pub mod consumer;
+pub mod deadline;
 pub mod dispatch;
 pub mod event;
 pub mod hashing;

@@ -13,6 +13,12 @@ use prosody_api::CoarseInstant;
 pub trait Clock: Send + Sync + fmt::Debug {
     /// The current instant.
     fn now(&self) -> CoarseInstant;
+
+    /// How far a reading may lag the time it stands for: a deadline judged on this clock
+    /// adds it so it never fires early. Zero for a clock that is exact.
+    fn tick(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// The real monotonic clock at tick resolution ([`CoarseInstant::now`]).
@@ -22,6 +28,10 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> CoarseInstant {
         CoarseInstant::now()
+    }
+
+    fn tick(&self) -> Duration {
+        CoarseInstant::tick()
     }
 }
 

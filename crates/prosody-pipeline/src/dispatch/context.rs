@@ -11,9 +11,9 @@ use prosody_api::{
     TimerContext, TimerKind, TimerTime,
 };
 use serde_json::Value;
-use tokio::time::Instant;
 
 use crate::consumer::CancelWatch;
+use crate::deadline::Deadline;
 use crate::state::AttemptState;
 use crate::timers::{StagedTimers, TimerWrite};
 
@@ -34,7 +34,7 @@ use crate::timers::{StagedTimers, TimerWrite};
 pub struct AttemptContext<'a> {
     key: &'a Key,
     cancel: &'a CancelWatch,
-    deadline: Option<Instant>,
+    deadline: Option<Deadline<'a>>,
     attempt: u32,
     ended: AtomicBool,
     timers: Option<StagedTimers<'a>>,
@@ -65,7 +65,7 @@ impl<'a> AttemptContext<'a> {
 
     /// The context reports cancellation from `deadline` on too (the handler timeout).
     #[must_use]
-    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+    pub fn with_deadline(mut self, deadline: Option<Deadline<'a>>) -> Self {
         self.deadline = deadline;
         self
     }
@@ -212,17 +212,14 @@ impl TimerContext for AttemptContext<'_> {
 #[async_trait]
 impl Cancellation for AttemptContext<'_> {
     fn should_cancel(&self) -> bool {
-        self.cancel.is_cancelled()
-            || self
-                .deadline
-                .is_some_and(|deadline| Instant::now() >= deadline)
+        self.cancel.is_cancelled() || self.deadline.is_some_and(|deadline| deadline.passed())
     }
 
     async fn cancelled(&self) {
         match self.deadline {
             Some(deadline) => tokio::select! {
                 () = self.cancel.cancelled() => {}
-                () = tokio::time::sleep_until(deadline) => {}
+                () = deadline.reached() => {}
             },
             None => self.cancel.cancelled().await,
         }

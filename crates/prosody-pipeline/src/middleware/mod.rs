@@ -43,9 +43,9 @@ use std::sync::Arc;
 
 use prosody_api::CoarseInstant;
 use serde_json::Value;
-use tokio::time::Instant;
 
 use crate::consumer::{CancelWatch, PermitSlot};
+use crate::deadline::Deadline;
 use crate::event::Event;
 
 pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
@@ -65,10 +65,10 @@ pub struct Task<'a> {
     /// a layer keeping per-assignment state (deferral ownership) which assignment an event
     /// belongs to.
     pub cancel: &'a CancelWatch,
-    /// Past this instant the attempt counts as cancelled too (set by the timeout layer).
-    /// A deadline rather than a timer per attempt: nothing is registered unless the handler
-    /// actually waits for cancellation.
-    pub deadline: Option<Instant>,
+    /// Past this the attempt counts as cancelled too (set by the timeout layer). A deadline
+    /// rather than a timer per attempt: nothing is registered unless the handler actually
+    /// waits for cancellation.
+    pub deadline: Option<Deadline<'a>>,
     /// When the attempt was admitted, on the admission's tick-resolution clock, if it recorded
     /// that (the fair scheduler does): the monopolization layer charges the key's run time
     /// from it rather than read the clock again. (The handler's timeout starts at the timeout
@@ -85,10 +85,7 @@ impl Task<'_> {
     /// True once the work is cancelled or the deadline has passed.
     #[must_use]
     pub fn should_cancel(&self) -> bool {
-        self.cancel.is_cancelled()
-            || self
-                .deadline
-                .is_some_and(|deadline| Instant::now() >= deadline)
+        self.cancel.is_cancelled() || self.deadline.is_some_and(|deadline| deadline.passed())
     }
 
     /// Resolves when the work is cancelled or the deadline passes.
@@ -96,7 +93,7 @@ impl Task<'_> {
         match self.deadline {
             Some(deadline) => tokio::select! {
                 () = self.cancel.cancelled() => {}
-                () = tokio::time::sleep_until(deadline) => {}
+                () = deadline.reached() => {}
             },
             None => self.cancel.cancelled().await,
         }

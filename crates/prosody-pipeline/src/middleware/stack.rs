@@ -23,6 +23,7 @@ use super::{Layer, Service, Task, Verdict};
 use crate::boxing::box_in_place;
 use crate::consumer::{Admission, CancelSignal, CancelWatch, Dispatch, Outcome, PermitSlot};
 use crate::event::Event;
+use crate::monotonic::SystemClock;
 use crate::timers::Timers;
 
 /// The failure-handling mode (FEATURES.md section 2).
@@ -159,9 +160,17 @@ pub fn compose(settings: StackSettings, handler: impl Service) -> Arc<dyn DynSer
     };
     // The attempt is its own allocation (see [`Boxed`]): the layers above it are about the
     // event, these about one attempt at it.
-    let attempt = Boxed(ShutdownLayer::for_budget(shutdown_timeout).wrap(
-        ScheduledLayer { admission }.wrap(TimeoutLayer { timeout }.wrap(telemetry.wrap(handler))),
-    ));
+    let attempt = Boxed(
+        ShutdownLayer::for_budget(shutdown_timeout).wrap(
+            ScheduledLayer { admission }.wrap(
+                TimeoutLayer {
+                    timeout,
+                    clock: Arc::new(SystemClock),
+                }
+                .wrap(telemetry.wrap(handler)),
+            ),
+        ),
+    );
     let retried = optional(retry, optional(defer, optional(monopolization, attempt)));
     let filtered = LoopGuardLayer { group_id }.wrap(
         AllowedEventsLayer {

@@ -5,19 +5,23 @@
 //!
 //! The deadline belongs to the attempt: revocation and shutdown still reach the handler, and
 //! a later attempt gets a fresh deadline. A deadline costs nothing on the hot path (no timer,
-//! no child cancellation); only a handler that waits for cancellation arms a timer.
+//! no child cancellation, no precise clock read: see [`crate::deadline`]); only a handler that
+//! waits for cancellation arms a timer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use prosody_api::CoarseInstant;
-use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Layer, Service, Task, Verdict};
+use crate::deadline::Deadline;
+use crate::monotonic::Clock;
 
 /// Gives each attempt its deadline.
 pub struct Timeout<S> {
-    timeout: Duration,
+    /// `timeoutMs`.
+    limit: Duration,
+    clock: Arc<dyn Clock>,
     inner: S,
 }
 
@@ -25,6 +29,9 @@ pub struct Timeout<S> {
 pub struct TimeoutLayer {
     /// How long an attempt runs before its context reports cancellation.
     pub timeout: Duration,
+    /// The clock deadlines are judged on ([`SystemClock`](crate::monotonic::SystemClock) but
+    /// in tests).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Layer for TimeoutLayer {
@@ -32,7 +39,8 @@ impl Layer for TimeoutLayer {
 
     fn wrap<S: Service>(self, inner: S) -> Timeout<S> {
         Timeout {
-            timeout: self.timeout,
+            limit: self.timeout,
+            clock: self.clock,
             inner,
         }
     }
@@ -42,25 +50,20 @@ impl<S: Service> Service for Timeout<S> {
     async fn call(&self, task: &Task<'_>) -> Verdict {
         // The handler's time starts here, not at the attempt's admission: what the layers
         // above spend (a dedup or defer store's I/O) must not eat into the handler's timeout.
-        let started = Instant::now();
-        let deadline = started + self.timeout;
-        // Noticing an overrun of a timeout (seconds) needs no precise clock: the tick-resolution
-        // one, read at both ends, costs less than one precise read at the end.
-        let overdue_at = CoarseInstant::now() + self.timeout;
+        let started = self.clock.now();
+        let deadline = Deadline::new(started, self.limit, &*self.clock);
         let mut attempt = *task;
         attempt.deadline = Some(
             task.deadline
-                .map_or(deadline, |earlier| earlier.min(deadline)),
+                .map_or(deadline, |earlier| earlier.earliest(deadline)),
         );
         let verdict = self.inner.call(&attempt).await;
-        if CoarseInstant::now() < overdue_at {
+        if !deadline.passed() {
             return verdict;
         }
-        let ran = started.elapsed();
-        if ran > self.timeout {
-            warn!(key = %task.event.key(), attempt = task.attempt, timeout = ?self.timeout, ?ran,
-                "handler ran past its timeout; its context reported cancellation at the deadline");
-        }
+        let ran = self.clock.now().saturating_duration_since(started);
+        warn!(key = %task.event.key(), attempt = task.attempt, timeout = ?self.limit, ?ran,
+            "handler ran past its timeout; its context reported cancellation at the deadline");
         verdict
     }
 }
@@ -74,8 +77,13 @@ mod tests {
     use serde_json::json;
     use tokio::time::Instant;
 
+    /// On tokio's clock, which the tests' paused time moves.
     fn timed<S: Service>(timeout: Duration, inner: S) -> Timeout<S> {
-        TimeoutLayer { timeout }.wrap(inner)
+        TimeoutLayer {
+            timeout,
+            clock: Arc::new(TokioClock::new()),
+        }
+        .wrap(inner)
     }
 
     #[tokio::test(start_paused = true)]

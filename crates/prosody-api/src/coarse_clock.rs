@@ -4,8 +4,9 @@
 //! A precise clock read costs about 30 ns here (the vDSO reads the TSC and scales it); with a
 //! dozen reads per record it was the largest single cost in the consumer's profile. The
 //! coarse clocks return the time of the last tick, kept by the kernel in memory the vDSO
-//! maps, for about 6 ns. Durations measured in microseconds (handler run time, deadlines)
-//! still need the precise clock.
+//! maps, for about 6 ns. Durations measured in microseconds (a handler's run time in
+//! telemetry) still need the precise clock; a deadline judged on this clock adds a tick
+//! ([`CoarseInstant::tick`]) so it never fires early.
 
 use std::ops::Add;
 use std::sync::OnceLock;

@@ -131,6 +131,10 @@ async fn mock_mode_needs_no_broker_even_when_bootstrap_servers_are_set() {
         source_system: Some("mock_servers-sender".to_owned()),
         subscribed_topics: Some(vec![topic.to_owned()]),
         probe_port: Some(prosody::config::ProbePort::Disabled),
+        // The default second was once too short for the first send to the in-process cluster
+        // while CI ran the other tests and Cassandra on two cores; a client that tried the
+        // unreachable servers still never gets its record through.
+        send_timeout_ms: Some(std::time::Duration::from_secs(10)),
         ..ClientOptions::default()
     })
     .await

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Either};
 use tracing::error;
 
 use super::allowed_events::AllowedEventsLayer;
@@ -81,11 +81,14 @@ pub enum Optional<W, S> {
     Off(S),
 }
 
+/// The chosen service's own future, in an `Either`: polling it is a match on which one, where
+/// an `async` wrapper added a state machine of its own to every attempt at every optional layer
+/// (entered, polled through, dropped and marked finished each time).
 impl<W: Service, S: Service> Service for Optional<W, S> {
-    async fn call(&self, task: &Task<'_>) -> Verdict {
+    fn call(&self, task: &Task<'_>) -> impl Future<Output = Verdict> + Send {
         match self {
-            Self::On(wrapped) => wrapped.call(task).await,
-            Self::Off(inner) => inner.call(task).await,
+            Self::On(wrapped) => Either::Left(wrapped.call(task)),
+            Self::Off(inner) => Either::Right(inner.call(task)),
         }
     }
 }

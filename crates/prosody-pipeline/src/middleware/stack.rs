@@ -84,6 +84,11 @@ pub enum Optional<W, S> {
 /// The chosen service's own future, in an `Either`: polling it is a match on which one, where
 /// an `async` wrapper added a state machine of its own to every attempt at every optional layer
 /// (entered, polled through, dropped and marked finished each time).
+///
+/// It pays here because each optional layer's parent is an `async fn` that awaits it at once,
+/// so the `Either` is built in the parent's state. A future returned by value through several
+/// layers is copied at each: the same change to the filters, dedup, defer and telemetry cost 358
+/// instructions per event more than it saved (callgrind, middleware bench: `memcpy` 156 -> 434).
 impl<W: Service, S: Service> Service for Optional<W, S> {
     fn call(&self, task: &Task<'_>) -> impl Future<Output = Verdict> + Send {
         match self {

@@ -15,7 +15,26 @@ use std::time::Duration;
 
 use prosody_api::CoarseInstant;
 
+use crate::consumer::CancelWatch;
 use crate::monotonic::Clock;
+
+/// True once `cancel` fired or `deadline` passed: when an attempt counts as cancelled, for the
+/// middleware's tasks and the handler's context alike.
+#[must_use]
+pub fn cancelled_or_past(cancel: &CancelWatch, deadline: Option<Deadline<'_>>) -> bool {
+    cancel.is_cancelled() || deadline.is_some_and(|deadline| deadline.passed())
+}
+
+/// Resolves once `cancel` fires or `deadline` passes.
+pub async fn until_cancelled_or_past(cancel: &CancelWatch, deadline: Option<Deadline<'_>>) {
+    match deadline {
+        Some(deadline) => tokio::select! {
+            () = cancel.cancelled() => {}
+            () = deadline.reached() => {}
+        },
+        None => cancel.cancelled().await,
+    }
+}
 
 /// When an attempt counts as cancelled, and the clock that says whether that time has come.
 #[derive(Clone, Copy)]

@@ -13,7 +13,7 @@ use prosody_api::{
 use serde_json::Value;
 
 use crate::consumer::CancelWatch;
-use crate::deadline::Deadline;
+use crate::deadline::{Deadline, cancelled_or_past, until_cancelled_or_past};
 use crate::state::AttemptState;
 use crate::timers::{StagedTimers, TimerWrite};
 
@@ -212,17 +212,11 @@ impl TimerContext for AttemptContext<'_> {
 #[async_trait]
 impl Cancellation for AttemptContext<'_> {
     fn should_cancel(&self) -> bool {
-        self.cancel.is_cancelled() || self.deadline.is_some_and(|deadline| deadline.passed())
+        cancelled_or_past(self.cancel, self.deadline)
     }
 
     async fn cancelled(&self) {
-        match self.deadline {
-            Some(deadline) => tokio::select! {
-                () = self.cancel.cancelled() => {}
-                () = deadline.reached() => {}
-            },
-            None => self.cancel.cancelled().await,
-        }
+        until_cancelled_or_past(self.cancel, self.deadline).await;
     }
 }
 

@@ -45,7 +45,7 @@ use prosody_api::CoarseInstant;
 use serde_json::Value;
 
 use crate::consumer::{CancelWatch, PermitSlot};
-use crate::deadline::Deadline;
+use crate::deadline::{Deadline, cancelled_or_past, until_cancelled_or_past};
 use crate::event::Event;
 
 pub use stack::{DynService, ModePolicy, StackDispatch, StackSettings};
@@ -85,18 +85,12 @@ impl Task<'_> {
     /// True once the work is cancelled or the deadline has passed.
     #[must_use]
     pub fn should_cancel(&self) -> bool {
-        self.cancel.is_cancelled() || self.deadline.is_some_and(|deadline| deadline.passed())
+        cancelled_or_past(self.cancel, self.deadline)
     }
 
     /// Resolves when the work is cancelled or the deadline passes.
     pub async fn cancelled(&self) {
-        match self.deadline {
-            Some(deadline) => tokio::select! {
-                () = self.cancel.cancelled() => {}
-                () = deadline.reached() => {}
-            },
-            None => self.cancel.cancelled().await,
-        }
+        until_cancelled_or_past(self.cancel, self.deadline).await;
     }
 }
 

@@ -94,7 +94,19 @@ impl<'a> AttemptContext<'a> {
 
     /// Ends the attempt: the context and every state handle it vended are unusable from now on.
     pub fn end(&self) {
-        self.ended.store(true, Ordering::SeqCst);
+        // A flag that only ever goes up, read by the context's own calls: release and acquire
+        // order it with what the attempt did, and on x86 neither is a locked instruction (a
+        // sequentially consistent store is, once per event).
+        self.ended.store(true, Ordering::Release);
+        if let Some(state) = &self.state {
+            state.end();
+        }
+    }
+
+    /// [`Self::end`] by whoever owns the context once the handler is done with it: nothing
+    /// else can see the context's own flag then, so it is set without an atomic instruction.
+    pub fn end_owned(&mut self) {
+        *self.ended.get_mut() = true;
         if let Some(state) = &self.state {
             state.end();
         }
@@ -102,10 +114,11 @@ impl<'a> AttemptContext<'a> {
 
     /// True when committing the attempt would only end it: it has no keyed state, and its
     /// timers (if any) staged no write and have no fired timer to remove. Most attempts of a
-    /// handler that uses neither are like that, and skip the commit's boxed future.
+    /// handler that uses neither are like that, and skip the commit's boxed future. Asked by the
+    /// context's owner once the handler is done, so the staged writes are read without a lock.
     #[must_use]
-    pub fn writes_nothing(&self) -> bool {
-        self.state.is_none() && self.timers.as_ref().is_none_or(StagedTimers::is_empty)
+    pub fn writes_nothing(&mut self) -> bool {
+        self.state.is_none() && self.timers.as_mut().is_none_or(StagedTimers::is_empty)
     }
 
     /// Ends the attempt and applies its staged writes (for a timer event, removing the fired
@@ -157,7 +170,7 @@ impl<'a> AttemptContext<'a> {
     }
 
     fn live(&self) -> Result<(), ContextError> {
-        if self.ended.load(Ordering::SeqCst) {
+        if self.ended.load(Ordering::Acquire) {
             Err(ContextError::AttemptEnded)
         } else {
             Ok(())
@@ -295,7 +308,7 @@ mod tests {
         );
         let (key, cancel) = (Key::from("k"), CancelWatch::detached(Arc::default()));
         let message = message("k", json!({}));
-        let on_message = AttemptContext::new(&key, &cancel).with_timers(timers.stage(&message));
+        let mut on_message = AttemptContext::new(&key, &cancel).with_timers(timers.stage(&message));
         assert!(on_message.writes_nothing());
         on_message
             .schedule(TimerTime::from_secs(4_000_000_000))
@@ -311,7 +324,7 @@ mod tests {
                 time: TimerTime::from_secs(4_000_000_000),
             },
         });
-        let on_timer = AttemptContext::new(&key, &cancel).with_timers(timers.stage(&fired));
+        let mut on_timer = AttemptContext::new(&key, &cancel).with_timers(timers.stage(&fired));
         assert!(
             !on_timer.writes_nothing(),
             "the fired timer is removed by the commit"

@@ -131,16 +131,16 @@ impl<H: EventHandler> Service for HandlerService<H> {
                 ));
             }
         }
-        let context = self.context(task);
+        let mut context = self.context(task);
         let answer = self.run(task.event, &context).await;
-        // A failed attempt's writes are dropped with the context (ending it first, so a
-        // handle the handler leaked cannot write); a successful one's are committed.
+        // The handler is done with the context, so it is ours alone again: ended without an
+        // atomic instruction. A failed attempt's writes are dropped with the context (ending
+        // it first, so a state handle the handler leaked cannot write); a successful one's are
+        // committed.
+        context.end_owned();
         let Ok(answer) = answer else {
-            context.end();
             return answer;
         };
-        // Ended before looking: nothing can be staged once the context has ended.
-        context.end();
         if context.writes_nothing() {
             return Ok(answer);
         }

@@ -214,7 +214,7 @@ impl<S: Service> Dedup<S> {
         message: &prosody_api::Message,
         id: &str,
     ) -> Verdict {
-        let record = DedupRecord::new(message.key.clone(), id, &*self.version);
+        let record = DedupRecord::borrowing(&message.key, id, &*self.version);
         // The recent set and the record's key in it, when there is one to remember it in.
         let mut recent = None;
         if let Some(cache) = &self.cache {

@@ -53,7 +53,9 @@ impl AttemptState {
 
     /// Ends the attempt: every handle fails from now on.
     pub fn end(&self) {
-        self.shared.ended.store(true, Ordering::SeqCst);
+        // Only ever goes up; release and acquire order it with the attempt's writes without a
+        // locked instruction per attempt (x86).
+        self.shared.ended.store(true, Ordering::Release);
     }
 
     /// Ends the attempt and returns the store writes of every collection's pending stage (the
@@ -163,7 +165,7 @@ impl AttemptState {
 
 impl Shared {
     fn live(&self) -> Result<(), ContextError> {
-        if self.ended.load(Ordering::SeqCst) {
+        if self.ended.load(Ordering::Acquire) {
             Err(ContextError::AttemptEnded)
         } else {
             Ok(())

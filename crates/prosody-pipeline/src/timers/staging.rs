@@ -121,10 +121,11 @@ impl<'a> StagedTimers<'a> {
     }
 
     /// True when a commit would do nothing: no write was staged and no fired timer awaits its
-    /// removal.
+    /// removal. Asked by the only holder (the attempt's owner, once its handler is done), so
+    /// the writes are read without taking their lock.
     #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.fired.is_none() && self.writes.lock().is_empty()
+    pub fn is_empty(&mut self) -> bool {
+        self.fired.is_none() && self.writes.get_mut().is_empty()
     }
 
     /// Forgets the staged writes: a commit journal entry carries them now.

@@ -21,8 +21,11 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-/// One assignment's cancellation. Shared as an `Arc`, whose identity tells one assignment from
-/// another (see `middleware::defer`).
+use super::attachments::Attachments;
+
+/// One assignment's cancellation, and what the layers serving the assignment keep for it
+/// ([`Attachments`]): every attempt borrows the signal, so it is how an attempt reaches its
+/// assignment.
 #[derive(Default)]
 pub struct CancelSignal {
     cancelled: AtomicBool,
@@ -30,6 +33,7 @@ pub struct CancelSignal {
     runners: Mutex<Vec<Waker>>,
     /// Waits polled by any other task.
     others: Notify,
+    attachments: Attachments,
 }
 
 impl fmt::Debug for CancelSignal {
@@ -64,6 +68,12 @@ impl CancelSignal {
     #[must_use]
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// The states the assignment's layers attached to it.
+    #[must_use]
+    pub fn attachments(&self) -> &Attachments {
+        &self.attachments
     }
 
     /// Completes once the signal fired, polled from any task.

@@ -44,7 +44,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use prosody_api::storage::{DeferStore, DeferredMessage, DeferredTimer, PartitionScope};
 use prosody_api::{Key, Offset, Partition, StorageError, Timer, TimerKind, TimerTime, Topic};
@@ -55,7 +54,7 @@ use tracing::{debug, error, info, warn};
 use super::failure_policy::Destination;
 use super::failure_rate::{FailureRate, Locked};
 use super::{Failure, FailureKind, Layer, Service, Task, Verdict};
-use crate::consumer::CancelSignal;
+use crate::consumer::{AttachmentOwner, CancelSignal};
 use crate::event::{Event, FiredTimer};
 use crate::hashing::KeyMap;
 use crate::kafka::loader::LoadRecord;
@@ -289,14 +288,11 @@ impl KeyWork {
     }
 }
 
-/// One ownership of a partition (until `revoked` fires) and its deferred keys, read from the
-/// store by the first event that needs them.
+/// One ownership of a partition (an assignment: attached to its signal, see
+/// [`crate::consumer::attachments`]) and its deferred keys, read from the store by the first
+/// event that needs them.
+#[derive(Default)]
 struct Ownership {
-    /// The assignment's cancellation, the dispatch's own `Arc`: an event of the same assignment
-    /// carries this very `Arc`, which is how an event finds its ownership without asking the
-    /// signal whether it fired. Held here, it cannot be freed and its address reused by
-    /// a later assignment while the ownership is remembered.
-    revoked: Arc<CancelSignal>,
     keys: OnceCell<Mutex<DeferredKeys>>,
     /// How many keys `keys` lists, readable without its lock: every event asks about its key,
     /// and a partition with nothing deferred (nearly always) answers with no lock taken.
@@ -317,23 +313,6 @@ impl Ownership {
             None => Known::Unknown,
         }
     }
-}
-
-/// The current ownership of every partition seen, by topic and then partition: a lookup
-/// borrows the event's topic rather than building a `(Topic, Partition)` key.
-type Ownerships = KeyMap<Topic, KeyMap<Partition, Arc<Ownership>>>;
-
-/// The ownership in `owned` of `partition` of `topic` by the assignment `cancel` belongs to.
-fn find<'o>(
-    owned: &'o Ownerships,
-    topic: &Topic,
-    partition: Partition,
-    cancel: &Arc<CancelSignal>,
-) -> Option<&'o Arc<Ownership>> {
-    owned
-        .get(topic)
-        .and_then(|partitions| partitions.get(&partition))
-        .filter(|ownership| Arc::ptr_eq(&ownership.revoked, cancel))
 }
 
 /// The keys of an owned partition with deferred work, each with its work when cached.
@@ -407,7 +386,7 @@ struct Place<'t> {
     partition: Partition,
     key: &'t Key,
     /// The assignment the event belongs to, which names its ownership.
-    assignment: &'t Arc<CancelSignal>,
+    assignment: &'t CancelSignal,
     known: Known,
 }
 
@@ -429,13 +408,8 @@ pub struct Defer<S> {
     loader: Arc<dyn LoadRecord>,
     status: DeferStatus,
     give_up: Destination,
-    /// The current ownership of every partition seen. Every event looks its partition up, from
-    /// every worker: behind a lock, the lock's cache line (and the ownership's reference count)
-    /// moved between the cores with nearly every event. Read without a lock instead, and
-    /// replaced whole on the rare new assignment.
-    owned: ArcSwap<Ownerships>,
-    /// Serializes the replacements of `owned`.
-    replacing: Mutex<()>,
+    /// Whose ownerships are attached to the assignments' signals: this layer's.
+    owner: AttachmentOwner,
     /// Deferred keys per partition whose work is cached.
     capacity: usize,
     inner: S,
@@ -462,8 +436,7 @@ impl Layer for DeferLayer {
 
     fn wrap<S: Service>(self, inner: S) -> Defer<S> {
         Defer {
-            owned: ArcSwap::default(),
-            replacing: Mutex::new(()),
+            owner: AttachmentOwner::unique(),
             capacity: usize::try_from(self.settings.cache_size)
                 .unwrap_or(usize::MAX)
                 .max(1),
@@ -515,64 +488,43 @@ impl<S: Service> Defer<S> {
     fn place<'t>(&self, task: &'t Task<'t>) -> Place<'t> {
         let (topic, partition) = task.event.source();
         let key = task.event.key();
-        let known = match find(&self.owned.load(), topic, partition, task.cancel.signal()) {
+        let assignment = task.cancel.signal();
+        let known = match assignment.attachments().get::<Arc<Ownership>>(self.owner) {
             Some(ownership) => ownership.known(key),
-            None => self
-                .ownership(topic, partition, task.cancel.signal())
-                .known(key),
+            None => self.ownership(assignment).known(key),
         };
         Place {
             topic,
             partition,
             key,
-            assignment: task.cancel.signal(),
+            assignment,
             known,
         }
     }
 
-    /// The ownership of the partition by the assignment `cancel` belongs to: a new one at
-    /// first sight or for a new assignment, so nothing known from an earlier ownership is
-    /// trusted. A late event of an assignment already revoked gets an ownership of its own,
-    /// never remembered, so it cannot displace the current one.
-    fn ownership(
-        &self,
-        topic: &Topic,
-        partition: Partition,
-        cancel: &Arc<CancelSignal>,
-    ) -> Arc<Ownership> {
-        if let Some(ownership) = find(&self.owned.load(), topic, partition, cancel) {
+    /// The ownership of the partition by the assignment `assignment` signals: attached to it
+    /// by the assignment's first event, so nothing known from an earlier ownership is trusted.
+    /// A late event of an assignment already revoked, before any was attached, gets an
+    /// ownership of its own, never remembered: the partition may have moved on since.
+    fn ownership(&self, assignment: &CancelSignal) -> Arc<Ownership> {
+        let attachments = assignment.attachments();
+        if let Some(ownership) = attachments.get::<Arc<Ownership>>(self.owner) {
             return ownership.clone();
         }
-        let _replacing = self.replacing.lock();
-        let owned = self.owned.load_full();
-        if let Some(ownership) = find(&owned, topic, partition, cancel) {
-            // Another event of the assignment got here first.
-            return ownership.clone();
+        if assignment.is_cancelled() {
+            return Arc::default();
         }
-        let ownership = Arc::new(Ownership {
-            revoked: cancel.clone(),
-            keys: OnceCell::new(),
-            listed: AtomicUsize::new(0),
-        });
-        if cancel.is_cancelled() {
-            return ownership;
-        }
-        let mut next = Ownerships::clone(&owned);
-        // Rare (assignments): a good moment to forget partitions revoked for good.
-        next.retain(|_, partitions| {
-            partitions.retain(|_, ownership| !ownership.revoked.is_cancelled());
-            !partitions.is_empty()
-        });
-        next.entry(topic.clone())
-            .or_default()
-            .insert(partition, ownership.clone());
-        self.owned.store(Arc::new(next));
-        ownership
+        // With no room on the signal (more layers attached than a stack has), every event reads
+        // for itself: slower, never wrong.
+        attachments
+            .get_or_attach(self.owner, Arc::<Ownership>::default)
+            .cloned()
+            .unwrap_or_default()
     }
 
-    /// The ownership `place` was known from (a lookup: only storage paths need it).
+    /// The ownership `place` was known from (only storage paths need it).
     fn place_ownership(&self, place: &Place<'_>) -> Arc<Ownership> {
-        self.ownership(place.topic, place.partition, place.assignment)
+        self.ownership(place.assignment)
     }
 
     fn scope(&self, place: &Place<'_>) -> PartitionScope {

@@ -103,15 +103,6 @@ impl<'a> AttemptContext<'a> {
         }
     }
 
-    /// [`Self::end`] by whoever owns the context once the handler is done with it: nothing
-    /// else can see the context's own flag then, so it is set without an atomic instruction.
-    pub fn end_owned(&mut self) {
-        *self.ended.get_mut() = true;
-        if let Some(state) = &self.state {
-            state.end();
-        }
-    }
-
     /// True when committing the attempt would only end it: it has no keyed state, and its
     /// timers (if any) staged no write and have no fired timer to remove. Most attempts of a
     /// handler that uses neither are like that, and skip the commit's boxed future. Asked by the

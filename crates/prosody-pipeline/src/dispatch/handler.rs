@@ -133,11 +133,11 @@ impl<H: EventHandler> Service for HandlerService<H> {
         }
         let mut context = self.context(task);
         let answer = self.run(task.event, &context).await;
-        // The handler is done with the context, so it is ours alone again: ended without an
-        // atomic instruction. A failed attempt's writes are dropped with the context (ending
-        // it first, so a state handle the handler leaked cannot write); a successful one's are
-        // committed.
-        context.end_owned();
+        // A failed attempt's writes are dropped with the context (ending it first, so a state
+        // handle the handler leaked cannot write); a successful one's are committed. The
+        // handler is done with the context, so it is ours alone again: its writes are read
+        // without their lock.
+        context.end();
         let Ok(answer) = answer else {
             return answer;
         };

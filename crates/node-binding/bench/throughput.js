@@ -10,7 +10,8 @@
 // side also reports the process CPU time (all threads) and event-loop utilization over that
 // window. BENCH_ORDER=kafkajs runs KafkaJS first (default: prosody first);
 // BENCH_ONLY=prosody skips KafkaJS (for profiling); BENCH_MAX_CONCURRENCY overrides Prosody's maxConcurrency (default 256)
-// and BENCH_MAX_UNCOMMITTED its maxUncommitted (default 4096; the rate follows it, see the README).
+// and BENCH_MAX_UNCOMMITTED its maxUncommitted (default: maxConcurrency, the least it may be; a deeper
+// backlog is slower here, see the README).
 // BENCH_ROUNDS (default 3) consumes the topic that many times per side, alternating the sides,
 // each pass with a fresh consumer group; the summary compares the medians, since a single pass
 // of 100,000 records lasts about a second and moves by 20% with the machine's other load.
@@ -78,7 +79,7 @@ async function benchProsody() {
     storageBackend: "memory",
     probePort: null,
     maxConcurrency: MAX_CONCURRENCY,
-    maxUncommitted: Number(process.env.BENCH_MAX_UNCOMMITTED ?? 4096),
+    maxUncommitted: Number(process.env.BENCH_MAX_UNCOMMITTED ?? MAX_CONCURRENCY),
   });
   const meter = new Meter();
   await client.subscribe({

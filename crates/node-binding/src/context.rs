@@ -115,6 +115,18 @@ struct Inbox {
 }
 
 impl Shared {
+    /// Clears the arrival flag and tells whether it was set. Only the attempt's future clears
+    /// it, so a load and a store do, without a locked swap: a delivery that sets it again in
+    /// between put its content in the inbox before, where the `take` after this finds it, and
+    /// one that comes after that `take` sets the flag after this cleared it.
+    fn take_arrived(&self) -> bool {
+        let arrived = self.arrived.load(Ordering::Acquire);
+        if arrived {
+            self.arrived.store(false, Ordering::Release);
+        }
+        arrived
+    }
+
     fn deliver(&self, put: impl FnOnce(&mut Inbox)) {
         put(&mut self.inbox.lock());
         // Flagged before the wake: a future that registered after the flag was last cleared
@@ -179,7 +191,7 @@ impl Attempt {
         // After the insertion: a ticker that found the registry empty and parked did so before
         // it (under the lock), so this sees it parked and unparks it.
         if !ensure_ticking() {
-            shared.inbox.lock().nudged = true;
+            shared.deliver(|inbox| inbox.nudged = true);
         }
         Self { id, shared }
     }
@@ -196,14 +208,21 @@ impl Attempt {
     }
 
     /// Resolves once something was delivered to the inbox since an arrival last resolved
-    /// (at once if that happened before it is awaited): [`take`](Self::take), then await
-    /// this, and nothing delivered in between is missed. What was delivered before a `take`
-    /// that took it may still resolve the next arrival, whose `take` then finds nothing.
+    /// (at once if that happened before it is awaited): await this, then
+    /// [`take`](Self::take), and nothing delivered is missed. What was delivered before a
+    /// `take` that took it may still resolve the next arrival, whose `take` then finds nothing.
+    ///
+    /// Only an arrival that finds nothing registers its waker: registering is two locked
+    /// instructions, and the arrival that follows a wake finds the flag at once.
     pub fn arrival(&self) -> impl Future<Output = ()> + '_ {
         let shared = &*self.shared;
         std::future::poll_fn(move |context| {
+            if shared.take_arrived() {
+                return Poll::Ready(());
+            }
             shared.waiter.register(context.waker());
-            if shared.arrived.swap(false, Ordering::AcqRel) {
+            // Checked again after registering: a delivery flagged in between woke no one.
+            if shared.take_arrived() {
                 Poll::Ready(())
             } else {
                 Poll::Pending

@@ -382,22 +382,24 @@ impl JsHandler {
         // `FuturesUnordered` still costs two allocations per event.
         let mut serving = None;
         let settled = loop {
-            // Awaited after the inbox is read: what arrives after the read wakes this loop.
-            let arrived = attempt.take();
-            if arrived.watch_cancellation && cancelled.is_none() {
-                cancelled = Some(context.cancelled());
-            }
-            for request in arrived.requests {
-                serving
-                    .get_or_insert_with(FuturesUnordered::new)
-                    .push(request.serve(context));
-            }
-            if let Some(settled) = arrived.completion {
-                break settled;
-            }
+            // The inbox is read only after an arrival: nothing is in it before JavaScript has
+            // the event, and each delivery flags the arrival after filling it.
             tokio::select! {
                 biased;
-                () = attempt.arrival() => {}
+                () = attempt.arrival() => {
+                    let arrived = attempt.take();
+                    if arrived.watch_cancellation && cancelled.is_none() {
+                        cancelled = Some(context.cancelled());
+                    }
+                    for request in arrived.requests {
+                        serving
+                            .get_or_insert_with(FuturesUnordered::new)
+                            .push(request.serve(context));
+                    }
+                    if let Some(settled) = arrived.completion {
+                        break settled;
+                    }
+                }
                 Some(()) = async {
                     match serving.as_mut() {
                         Some(serving) => serving.next().await,

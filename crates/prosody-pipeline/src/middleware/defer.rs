@@ -522,11 +522,6 @@ impl<S: Service> Defer<S> {
             .unwrap_or_default()
     }
 
-    /// The ownership `place` was known from (only storage paths need it).
-    fn place_ownership(&self, place: &Place<'_>) -> Arc<Ownership> {
-        self.ownership(place.assignment)
-    }
-
     fn scope(&self, place: &Place<'_>) -> PartitionScope {
         self.timers.scope(place.topic(), place.partition)
     }
@@ -538,7 +533,7 @@ impl<S: Service> Defer<S> {
         if let Known::Settled(work) = &place.known {
             return Ok(work.clone());
         }
-        let ownership = self.place_ownership(place);
+        let ownership = self.ownership(place.assignment);
         let keys = ownership
             .keys
             .get_or_try_init(|| async {
@@ -594,7 +589,7 @@ impl<S: Service> Defer<S> {
         let work = (!work.is_empty()).then(|| Arc::new(work));
         // Every path reads the partition's keys before it changes a key's work; a write to an
         // ownership that is not read yet would be read from the store anyway.
-        let ownership = self.place_ownership(place);
+        let ownership = self.ownership(place.assignment);
         if let Some(keys) = ownership.keys.get() {
             let mut keys = keys.lock();
             match &work {

@@ -10,13 +10,16 @@
 //! misses overlap the handler instead of stalling the insert.
 //!
 //! The layout is hashbrown's idea in small: a tag byte per slot (empty, or seven bits of the
-//! fingerprint), eight to a word compared at once, and the fingerprints and the expiries each in
-//! an array of their own: 24 bytes per slot, where one array of records padded to 32 bytes (so
-//! that none straddled two cache lines) made the table a third larger and the memory dedup
-//! store bench slower (one thread 147-148 against 135-142 ns per record). Records are never
-//! removed one by one: a sweep rebuilds the table from the records it keeps. So a
-//! probe may stop at the first group with an empty slot: an insert fills the first empty slot
-//! along its probe, and nothing empties a slot behind it.
+//! fingerprint), eight to a word compared at once, and the records in an array of their own,
+//! sixteen bytes each so four share a line and none straddles two: a record's fingerprint and its
+//! expiry are in one line, which the lookup that misses fetches and the insert then writes. A
+//! record keeps the fingerprint's low 64 bits (the tag keeps its top seven, and the store's shard
+//! stands for four more): two fingerprints alike in those 75 bits are one record to the table, a
+//! chance of 2^-55 per lookup among a million records held, where the fingerprint's other bits
+//! would have cost the table half as much again (a second array or line per record, 24 or 32
+//! bytes per slot instead of 16). Records are never removed one by one: a sweep rebuilds the
+//! table from the records it keeps. So a probe may stop at the first group with an empty slot: an
+//! insert fills the first empty slot along its probe, and nothing empties a slot behind it.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -31,12 +34,21 @@ const LOW_BITS: u64 = 0x0101_0101_0101_0101;
 /// Each byte's highest bit: set in the tag of a filled slot.
 const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
-/// A record: what a filled slot holds, across the two arrays.
-#[derive(Clone, Copy)]
-struct Entry {
-    fingerprint: u128,
+/// What a filled slot holds: a record.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(16))]
+struct Record {
+    /// The fingerprint's low 64 bits.
+    fingerprint: u64,
     /// Nanoseconds since the Unix epoch.
     expiry: u64,
+}
+
+/// A filled slot's record and its tag: everything a rebuild needs to place it again.
+#[derive(Clone, Copy)]
+struct Held {
+    tag: u8,
+    record: Record,
 }
 
 /// Where a probe for a fingerprint ended.
@@ -52,12 +64,8 @@ pub struct FingerprintTable {
     /// A tag byte per slot, eight to a word; a power of two of words, or none before the first
     /// insert.
     tags: Box<[u64]>,
-    /// The fingerprint of each slot whose tag is set: sixteen bytes, so a line holds four and
-    /// none straddles two lines.
-    fingerprints: Box<[u128]>,
-    /// The expiry of each slot whose tag is set, apart from the fingerprints: a lookup reads
-    /// it only for a record it found, and the table takes 24 bytes per slot instead of 32.
-    expiries: Box<[u64]>,
+    /// The record of each slot whose tag is set.
+    records: Box<[Record]>,
     len: usize,
     /// No record expires before this (nanoseconds since the Unix epoch): a sweep that would
     /// find nothing expired costs no scan.
@@ -68,8 +76,7 @@ impl Default for FingerprintTable {
     fn default() -> Self {
         Self {
             tags: Box::default(),
-            fingerprints: Box::default(),
-            expiries: Box::default(),
+            records: Box::default(),
             len: 0,
             earliest: u64::MAX,
         }
@@ -80,7 +87,7 @@ impl std::fmt::Debug for FingerprintTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FingerprintTable")
             .field("len", &self.len)
-            .field("slots", &self.fingerprints.len())
+            .field("slots", &self.records.len())
             .finish_non_exhaustive()
     }
 }
@@ -103,16 +110,33 @@ fn tag(fingerprint: u128) -> u8 {
     top | 0x80
 }
 
-/// The first group of `fingerprint`'s probe, before masking.
-fn home(fingerprint: u128) -> usize {
-    fingerprint as usize
+/// The fingerprint's bits a record keeps.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a record keeps the low half"
+)]
+fn low(fingerprint: u128) -> u64 {
+    fingerprint as u64
 }
 
-/// The high bit of each byte of `word` that may equal `tag` (a few false positives, which
-/// the fingerprint comparison rules out; no false negatives).
+/// The first group of a probe for a fingerprint with these low bits, before masking.
+fn home(low: u64) -> usize {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the mask keeps fewer bits than a usize has"
+    )]
+    let home = low as usize;
+    home
+}
+
+/// The high bit of each byte of `word` that equals `tag`, exactly: a record keeps only part
+/// of the fingerprint, so a slot with another tag must never be taken for a candidate.
 fn matching(word: u64, tag: u8) -> u64 {
     let zero_where_equal = word ^ (LOW_BITS * u64::from(tag));
-    zero_where_equal.wrapping_sub(LOW_BITS) & !zero_where_equal & HIGH_BITS
+    // A byte's low seven bits plus 0x7f carry into its high bit unless they are all zero, and
+    // never into the next byte.
+    let low_seven_nonzero = (zero_where_equal & !HIGH_BITS) + !HIGH_BITS;
+    !(low_seven_nonzero | zero_where_equal) & HIGH_BITS
 }
 
 /// The high bit of each empty byte of `word`.
@@ -146,10 +170,9 @@ impl FingerprintTable {
     /// insert of it would fill starts coming into the cache for writing.
     pub fn get(&self, fingerprint: u128) -> Option<SystemTime> {
         match self.probe(fingerprint)? {
-            Probe::Found(slot) => Some(time(self.expiries[slot])),
+            Probe::Found(slot) => Some(time(self.records[slot].expiry)),
             Probe::Absent(slot) => {
-                prefetch_for_write(&self.fingerprints[slot]);
-                prefetch_for_write(&self.expiries[slot]);
+                prefetch_for_write(&self.records[slot]);
                 None
             }
         }
@@ -159,16 +182,23 @@ impl FingerprintTable {
     pub fn insert(&mut self, fingerprint: u128, expiry: SystemTime) {
         let expiry = nanos(expiry);
         self.earliest = self.earliest.min(expiry);
+        let held = Held {
+            tag: tag(fingerprint),
+            record: Record {
+                fingerprint: low(fingerprint),
+                expiry,
+            },
+        };
         match self.probe(fingerprint) {
-            Some(Probe::Found(slot)) => self.expiries[slot] = expiry,
+            Some(Probe::Found(slot)) => self.records[slot].expiry = expiry,
             Some(Probe::Absent(slot)) if !self.must_grow() => {
-                self.fill(slot, fingerprint, expiry);
+                self.fill(slot, held);
                 self.len += 1;
             }
             _ => {
                 // Growing moves every record: the probe is repeated in the new slots.
                 self.rebuild(self.tags.len().max(MIN_GROUPS / 2) * 2);
-                self.place(fingerprint, expiry);
+                self.place(held);
                 self.len += 1;
             }
         }
@@ -181,7 +211,10 @@ impl FingerprintTable {
         if now < self.earliest {
             return;
         }
-        let kept: Vec<Entry> = self.records().filter(|entry| now < entry.expiry).collect();
+        let kept: Vec<Held> = self
+            .held()
+            .filter(|held| now < held.record.expiry)
+            .collect();
         *self = Self::default();
         if kept.is_empty() {
             return;
@@ -189,17 +222,17 @@ impl FingerprintTable {
         self.len = kept.len();
         self.earliest = kept
             .iter()
-            .map(|entry| entry.expiry)
+            .map(|held| held.record.expiry)
             .min()
             .unwrap_or(u64::MAX);
         self.allocate(Self::groups_for(kept.len()));
-        for entry in kept {
-            self.place(entry.fingerprint, entry.expiry);
+        for held in kept {
+            self.place(held);
         }
     }
 
-    /// Every filled slot's record.
-    fn records(&self) -> impl Iterator<Item = Entry> + '_ {
+    /// Every filled slot's record, with its tag.
+    fn held(&self) -> impl Iterator<Item = Held> + '_ {
         self.tags
             .iter()
             .enumerate()
@@ -207,11 +240,11 @@ impl FingerprintTable {
                 let mut filled = word & HIGH_BITS;
                 std::iter::from_fn(move || {
                     (filled != 0).then(|| {
-                        let slot = group * GROUP + first(filled);
+                        let within = first(filled);
                         filled &= filled - 1;
-                        Entry {
-                            fingerprint: self.fingerprints[slot],
-                            expiry: self.expiries[slot],
+                        Held {
+                            tag: word.to_le_bytes()[within],
+                            record: self.records[group * GROUP + within],
                         }
                     })
                 })
@@ -225,13 +258,14 @@ impl FingerprintTable {
         }
         let mask = self.tags.len() - 1;
         let tag = tag(fingerprint);
-        let mut group = home(fingerprint) & mask;
+        let low = low(fingerprint);
+        let mut group = home(low) & mask;
         loop {
             let word = self.tags[group];
             let mut candidates = matching(word, tag);
             while candidates != 0 {
                 let slot = group * GROUP + first(candidates);
-                if self.fingerprints[slot] == fingerprint {
+                if self.records[slot].fingerprint == low {
                     return Some(Probe::Found(slot));
                 }
                 candidates &= candidates - 1;
@@ -246,7 +280,7 @@ impl FingerprintTable {
 
     /// Whether one more record would fill more than seven eighths of the slots.
     fn must_grow(&self) -> bool {
-        (self.len + 1) * 8 > self.fingerprints.len() * 7
+        (self.len + 1) * 8 > self.records.len() * 7
     }
 
     /// Groups for `len` records at most half loaded (a power of two).
@@ -259,8 +293,7 @@ impl FingerprintTable {
 
     fn allocate(&mut self, groups: usize) {
         self.tags = vec![0; groups].into_boxed_slice();
-        self.fingerprints = vec![0; groups * GROUP].into_boxed_slice();
-        self.expiries = vec![0; groups * GROUP].into_boxed_slice();
+        self.records = vec![Record::default(); groups * GROUP].into_boxed_slice();
     }
 
     /// Moves every record into `groups` new groups.
@@ -269,29 +302,28 @@ impl FingerprintTable {
         self.len = old.len;
         self.earliest = old.earliest;
         self.allocate(groups);
-        for entry in old.records() {
-            self.place(entry.fingerprint, entry.expiry);
+        for held in old.held() {
+            self.place(held);
         }
     }
 
     /// Puts a record known to be absent in the first empty slot of its probe.
-    fn place(&mut self, fingerprint: u128, expiry: u64) {
+    fn place(&mut self, held: Held) {
         let mask = self.tags.len() - 1;
-        let mut group = home(fingerprint) & mask;
+        let mut group = home(held.record.fingerprint) & mask;
         loop {
             let free = empty(self.tags[group]);
             if free != 0 {
-                self.fill(group * GROUP + first(free), fingerprint, expiry);
+                self.fill(group * GROUP + first(free), held);
                 return;
             }
             group = (group + 1) & mask;
         }
     }
 
-    fn fill(&mut self, slot: usize, fingerprint: u128, expiry: u64) {
-        self.tags[slot / GROUP] |= u64::from(tag(fingerprint)) << (8 * (slot % GROUP));
-        self.fingerprints[slot] = fingerprint;
-        self.expiries[slot] = expiry;
+    fn fill(&mut self, slot: usize, held: Held) {
+        self.tags[slot / GROUP] |= u64::from(held.tag) << (8 * (slot % GROUP));
+        self.records[slot] = held.record;
     }
 }
 
@@ -311,11 +343,12 @@ mod tests {
         RemoveExpired { now: u64 },
     }
 
-    /// Fingerprints from a small pool that share home groups and tags, so probes run long,
+    /// Fingerprints from a small pool that share home groups and tags (the bits that differ are
+    /// above those that choose a group, within the 64 a record keeps), so probes run long,
     /// candidates collide on tags and reinserts replace.
     fn fingerprint() -> impl Strategy<Value = u128> {
         (0u128..4, 0u128..2, 0u128..64)
-            .prop_map(|(home, tag, rest)| home | (rest << 64) | (tag << 121))
+            .prop_map(|(home, tag, rest)| home | (rest << 32) | (tag << 121))
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -349,7 +382,7 @@ mod tests {
             for home in 0u128..4 {
                 for tag in 0u128..2 {
                     for rest in 0u128..64 {
-                        let fingerprint = home | (rest << 64) | (tag << 121);
+                        let fingerprint = home | (rest << 32) | (tag << 121);
                         prop_assert_eq!(
                             table.get(fingerprint),
                             model.get(&fingerprint).map(|&expiry| at(expiry))
@@ -366,7 +399,7 @@ mod tests {
 
     /// Fingerprints that all start their probe in the same group, most with the same tag.
     fn colliding(n: u128) -> impl Iterator<Item = u128> {
-        (1..=n).map(|i| (i << 64) | (u128::from(i % 3 == 0) << 127))
+        (1..=n).map(|i| (i << 32) | (u128::from(i % 3 == 0) << 127))
     }
 
     #[test]
@@ -396,8 +429,49 @@ mod tests {
         for fingerprint in colliding(40) {
             assert_eq!(table.get(fingerprint), Some(at(1)));
         }
-        assert_eq!(table.get(41 << 64), None);
+        assert_eq!(table.get(41 << 32), None);
         assert_eq!(table.len(), 40);
+    }
+
+    #[test]
+    fn tag_matching_is_exact() {
+        for position in 0..GROUP {
+            for byte in 0..=u8::MAX {
+                // The other bytes hold neighbours of the byte, the values a carry would confuse.
+                let word = u64::from_le_bytes(std::array::from_fn(|at| {
+                    if at == position {
+                        byte
+                    } else {
+                        byte.wrapping_add(1)
+                    }
+                }));
+                for tag in 0..=u8::MAX {
+                    let expected = if byte == tag {
+                        0x80 << (8 * position)
+                    } else {
+                        0
+                    };
+                    let others = if byte.wrapping_add(1) == tag {
+                        HIGH_BITS & !(0x80 << (8 * position))
+                    } else {
+                        0
+                    };
+                    assert_eq!(matching(word, tag), expected | others, "{word:#x} {tag:#x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn records_alike_in_their_low_bits_but_not_their_tags_are_two() {
+        let mut table = FingerprintTable::default();
+        let neighbour_tags = 1u128 << 121;
+        table.insert(7, at(1));
+        table.insert(7 | neighbour_tags, at(2));
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.get(7), Some(at(1)));
+        assert_eq!(table.get(7 | neighbour_tags), Some(at(2)));
+        assert_eq!(table.get(7 | (2 << 121)), None);
     }
 
     #[test]
@@ -418,12 +492,12 @@ mod tests {
                 at(10 + u64::try_from(fingerprint % 2).unwrap()),
             );
         }
-        let before = table.fingerprints.len();
+        let before = table.records.len();
         table.remove_expired(at(9));
         assert_eq!(table.len(), 1000, "nothing expired yet");
         table.remove_expired(at(10));
         assert_eq!(table.len(), 500);
-        assert!(table.fingerprints.len() < before);
+        assert!(table.records.len() < before);
         for fingerprint in 0..1000u128 {
             let expected = (fingerprint % 2 == 1).then(|| at(11));
             assert_eq!(table.get(fingerprint), expected, "{fingerprint}");

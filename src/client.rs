@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use prosody_api::Payload;
 use prosody_api::storage::{DeferStore, PublishedStateView, StateStore, TimerStore, Ttl};
-use prosody_api::{EventHandler, SystemClock};
+use prosody_api::{ConsumerGroup, EventHandler, SystemClock};
 use prosody_pipeline::consumer::poll_loop::{PollLoop, PollSettings, QueueFlowControl};
 use prosody_pipeline::consumer::{Engine, EngineLimits, Load, TopicPartition};
 use prosody_pipeline::dispatch::HandlerService;
@@ -619,7 +619,7 @@ impl ProsodyClient {
             shutdown_timeout: config.consumer.shutdown_timeout,
             telemetry: TelemetryLayer {
                 sink: telemetry,
-                group_id: Arc::from(config.kafka.group_id.as_str()),
+                group_id: ConsumerGroup::from(config.kafka.group_id.as_str()),
                 message_spans: span_relation(config.telemetry.message_spans),
                 timer_spans: span_relation(config.telemetry.timer_spans),
             },

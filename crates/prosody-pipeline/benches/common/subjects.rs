@@ -9,8 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use prosody_api::storage::Ttl;
 use prosody_api::{
-    CoarseSystemClock, EventContext, EventHandler, ExciseMessage, HandlerError, Headers, Key,
-    Message, Offset, Partition, Payload, SlabSize, SystemClock, Timer, Timestamp, Topic,
+    CoarseSystemClock, ConsumerGroup, EventContext, EventHandler, ExciseMessage, HandlerError,
+    Headers, Key, Message, Offset, Partition, Payload, SlabSize, SystemClock, Timer, Timestamp,
+    Topic,
 };
 use prosody_pipeline::Event;
 use prosody_pipeline::consumer::{
@@ -280,7 +281,7 @@ fn pipeline_of(name: &'static str, without: Option<Part>, handler: NoOp) -> Subj
         shutdown_timeout: Duration::from_secs(30),
         telemetry: TelemetryLayer {
             sink: None,
-            group_id: Arc::from(GROUP),
+            group_id: ConsumerGroup::from(GROUP),
             message_spans: SpanRelation::Child,
             timer_spans: SpanRelation::FollowsFrom,
         },

@@ -2,9 +2,9 @@
 //! context (child or follows-from, per the configuration), and lifecycle events (dispatched,
 //! then succeeded or failed with the run time) for the telemetry topic when it is enabled.
 
-use std::sync::Arc;
 use std::time::Instant;
 
+use prosody_api::ConsumerGroup;
 use tracing::Instrument;
 
 use super::{Layer, Service, Task, Verdict};
@@ -27,7 +27,7 @@ pub struct TelemetryLayer {
     /// Where lifecycle events go; `None` when disabled (mock mode, `telemetryEnabled: false`).
     pub sink: Option<TelemetrySink>,
     /// The consumer group, stamped on events.
-    pub group_id: Arc<str>,
+    pub group_id: ConsumerGroup,
     /// Relation of message (and excise) spans to the producer's span.
     pub message_spans: SpanRelation,
     /// Relation of timer spans to the span that scheduled the timer. Stored timers carry no
@@ -95,8 +95,8 @@ impl<S: Service> Telemetry<S> {
             event: kind,
             stage,
             group_id: self.settings.group_id.clone(),
-            key: task.event.key().to_string(),
-            topic: topic.to_string(),
+            key: task.event.key().clone(),
+            topic: topic.clone(),
             partition: partition.0,
             offset: task.event.offset().map(|offset| offset.0),
             attempt: task.attempt,

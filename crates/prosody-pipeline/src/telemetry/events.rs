@@ -15,7 +15,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::kafka::producer::Producer;
+use prosody_api::{ConsumerGroup, Key, Topic};
+
+use crate::kafka::producer::{Producer, RawRecord, SendOptions};
 
 /// Events taken from the channel per batch.
 const BATCH: usize = 256;
@@ -41,11 +43,11 @@ pub struct LifecycleEvent {
     /// The stage.
     pub stage: Stage,
     /// The consumer group handling it.
-    pub group_id: Arc<str>,
-    /// Record key.
-    pub key: String,
+    pub group_id: ConsumerGroup,
+    /// Record key (shared with the record: no copy per event).
+    pub key: Key,
     /// Record topic.
-    pub topic: String,
+    pub topic: Topic,
     /// Record partition.
     pub partition: i32,
     /// Record offset.
@@ -168,8 +170,16 @@ async fn send_batches(
                     let producer = &producer;
                     let topic = topic.as_str();
                     sends.push(async move {
-                        let payload = serde_json::to_value(&*event).unwrap_or_default();
-                        producer.send(topic, &event.key, &payload).await
+                        // Straight to JSON text: no tree of values per event on the way.
+                        let payload = serde_json::to_vec(&*event).unwrap_or_default();
+                        let record = RawRecord {
+                            key: Some(event.key.as_str().as_bytes()),
+                            value: Some(&payload),
+                            headers: &[],
+                        };
+                        producer
+                            .send_raw(topic, record, SendOptions::default())
+                            .await
                     });
                 }
                 Command::Flush(done) => flushes.push(done),

@@ -8,8 +8,10 @@
 //! - `core`: the pipeline's engine and poll loop calling the same no-op handler with no
 //!   middleware at all ([`CoreSubject`]): key queues, offsets, commits, decoding;
 //! - `client`: the Prosody client in pipeline mode with a no-op handler ([`ClientSubject`]),
-//!   every middleware layer of the mode on (filters, dedup, retry, scheduler, timeout,
-//!   telemetry).
+//!   every middleware layer of the mode on (filters, dedup, retry, defer, monopolization,
+//!   scheduler, timeout, telemetry). Its lifecycle events go to a topic only with
+//!   `--telemetry`: producing two records per record consumed is a cost of its own, measured
+//!   apart (see the README).
 //!
 //! The summary prints each median, client/baseline (the core issue's target) and the cost of
 //! the middleware, 1 - client/core (the failure-handling issue's bound).
@@ -63,7 +65,7 @@ type BenchResult<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
 const USAGE: &str = "\
 usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only NAME]
-                  [--keep-topic]
+                  [--telemetry] [--keep-topic]
 
   --records N     records to produce and consume (default 200000, env PROSODY_BENCH_RECORDS)
   --keys N        distinct message keys (default 10000)
@@ -73,6 +75,9 @@ usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only
                   second, so single passes are noisy)
   --only NAMES    run only these subjects (comma-separated: baseline, core, client) so a
                   subject's peak RSS is not mixed with memory the allocator kept from another
+  --telemetry     the client also produces its lifecycle events (telemetryEnabled, the
+                  default outside this bench) to a fresh topic of their own; off, the
+                  client has the telemetry layer without its topic
   --keep-topic    leave the topic in Kafka instead of deleting it
 
 Needs PROSODY_BOOTSTRAP_SERVERS (scripts/bench sets it).";
@@ -92,6 +97,7 @@ struct Options {
     partitions: i32,
     rounds: usize,
     only: Option<String>,
+    telemetry: bool,
     keep_topic: bool,
 }
 
@@ -106,6 +112,7 @@ impl Options {
             partitions: 8,
             rounds: 3,
             only: None,
+            telemetry: false,
             keep_topic: false,
         };
         let mut args = env::args().skip(1);
@@ -124,6 +131,7 @@ impl Options {
                 }
                 "--rounds" => options.rounds = parse_number("--rounds", &value("--rounds")?)?,
                 "--only" => options.only = Some(value("--only")?),
+                "--telemetry" => options.telemetry = true,
                 "--keep-topic" => options.keep_topic = true,
                 "-h" | "--help" => {
                     println!("{USAGE}");
@@ -342,7 +350,10 @@ impl ConsumerContext for AssignmentClock {
 
 /// The Prosody client in pipeline mode with a no-op handler: everything a record goes through
 /// in production (decode, key queues, offsets, commits) except the application's own work.
-struct ClientSubject;
+struct ClientSubject {
+    /// Where its lifecycle events go (`--telemetry`); none: telemetry is disabled.
+    telemetry_topic: Option<String>,
+}
 
 /// Handled records and the first and last instant.
 struct Counts {
@@ -435,14 +446,20 @@ impl Counts {
     }
 }
 
-fn client_options(bootstrap: &str, topic: &str, group: &str) -> ClientOptions {
+fn client_options(
+    bootstrap: &str,
+    topic: &str,
+    group: &str,
+    telemetry_topic: Option<&str>,
+) -> ClientOptions {
     ClientOptions {
         bootstrap_servers: Some(vec![bootstrap.to_owned()]),
         group_id: Some(group.to_owned()),
         subscribed_topics: Some(vec![topic.to_owned()]),
-        // The real broker, memory storage, no telemetry topic.
+        // The real broker, memory storage, lifecycle events only with `--telemetry`.
         storage_backend: Some(StorageBackend::Memory),
-        telemetry_enabled: Some(false),
+        telemetry_enabled: Some(telemetry_topic.is_some()),
+        telemetry_topic: telemetry_topic.map(str::to_owned),
         probe_port: Some(ProbePort::Disabled),
         ..ClientOptions::default()
     }
@@ -460,7 +477,8 @@ impl ThroughputSubject for ClientSubject {
         group: &str,
         expected: usize,
     ) -> BenchResult<Timing> {
-        let client = ProsodyClient::from_options(client_options(bootstrap, topic, group)).await?;
+        let options = client_options(bootstrap, topic, group, self.telemetry_topic.as_deref());
+        let client = ProsodyClient::from_options(options).await?;
         let counts = Counts::new(expected);
         let watch = AssignmentWatch::start({
             let client = client.clone();
@@ -492,7 +510,7 @@ impl ThroughputSubject for CoreSubject {
         group: &str,
         expected: usize,
     ) -> BenchResult<Timing> {
-        let config = Config::from_options(client_options(bootstrap, topic, group))?;
+        let config = Config::from_options(client_options(bootstrap, topic, group, None))?;
         let counts = Counts::new(expected);
         let handler = HandlerService::new(Arc::new(CountingHandler(counts.clone())));
         let dispatch = Arc::new(StackDispatch::from_service(Arc::new(handler)));
@@ -895,16 +913,27 @@ async fn run(options: &Options) -> BenchResult<()> {
         .set("bootstrap.servers", &bootstrap)
         .create()?;
     create_topic(&admin, &topic, options.partitions).await?;
+    let telemetry_topic = options.telemetry.then(|| format!("{topic}-telemetry"));
+    if let Some(telemetry_topic) = &telemetry_topic {
+        create_topic(&admin, telemetry_topic, options.partitions).await?;
+    }
     println!(
         "bench: topic {topic} ({} partitions), {} records, {} keys, {PAYLOAD_BYTES}-byte payloads, {} round(s)",
         options.partitions, options.records, options.keys, options.rounds
     );
 
-    let outcome = measure_all(&bootstrap, &topic, options, &mut memory).await;
+    let client = ClientSubject {
+        telemetry_topic: telemetry_topic.clone(),
+    };
+    let outcome = measure_all(&bootstrap, &topic, options, &client, &mut memory).await;
     if options.keep_topic {
         println!("bench: kept topic {topic}");
-    } else if let Err(error) = delete_topic(&admin, &topic).await {
-        eprintln!("bench: warning: {error}");
+    } else {
+        for topic in std::iter::once(&topic).chain(&telemetry_topic) {
+            if let Err(error) = delete_topic(&admin, topic).await {
+                eprintln!("bench: warning: {error}");
+            }
+        }
     }
     outcome?;
     println!("peak rss: {}", mib(memory.peak_kib));
@@ -915,6 +944,7 @@ async fn measure_all(
     bootstrap: &str,
     topic: &str,
     options: &Options,
+    client: &ClientSubject,
     memory: &mut MemoryReport,
 ) -> BenchResult<()> {
     let produce_elapsed = {
@@ -931,11 +961,7 @@ async fn measure_all(
     );
     memory.after("produce");
 
-    let names = [
-        BareConsumer.name(),
-        CoreSubject.name(),
-        ClientSubject.name(),
-    ];
+    let names = [BareConsumer.name(), CoreSubject.name(), client.name()];
     let only: Option<Vec<&str>> = options
         .only
         .as_deref()
@@ -956,7 +982,7 @@ async fn measure_all(
             let rate = match index {
                 0 => measure(&BareConsumer, bootstrap, topic, round, records, memory).await?,
                 1 => measure(&CoreSubject, bootstrap, topic, round, records, memory).await?,
-                _ => measure(&ClientSubject, bootstrap, topic, round, records, memory).await?,
+                _ => measure(client, bootstrap, topic, round, records, memory).await?,
             };
             rates[index].push(rate);
         }

@@ -6,8 +6,8 @@
 //! which stay cached, and the insert then writes a slot in a cold cache line: the insert waited
 //! for that line while holding its shard's lock, and releasing the lock stalled until the write
 //! landed (most of the insert's time in the consumer's profile, one miss per record). Here the
-//! lookup that misses knows the slot the insert will fill and starts fetching its lines, so the
-//! misses overlap the handler instead of stalling the insert.
+//! lookup that misses knows the slot the insert will fill and starts fetching its line, so the
+//! miss overlaps the handler instead of stalling the insert.
 //!
 //! The layout is hashbrown's idea in small: a tag byte per slot (empty, or seven bits of the
 //! fingerprint), eight to a word compared at once, and the records in an array of their own,

@@ -89,20 +89,22 @@ impl<S: Service> Telemetry<S> {
         let Some(sink) = &self.settings.sink else {
             return;
         };
-        let (kind, _) = describe(task.event);
-        let (topic, partition) = task.event.source();
-        sink.emit(LifecycleEvent {
-            event: kind,
-            stage,
-            group_id: self.settings.group_id.clone(),
-            key: task.event.key().clone(),
-            topic: topic.clone(),
-            partition: partition.0,
-            offset: task.event.offset().map(|offset| offset.0),
-            attempt: task.attempt,
-            duration_ms: duration,
-            error,
-            timestamp_ms: LifecycleEvent::now_ms(),
+        sink.emit(|| {
+            let (kind, _) = describe(task.event);
+            let (topic, partition) = task.event.source();
+            LifecycleEvent {
+                event: kind,
+                stage,
+                group_id: self.settings.group_id.clone(),
+                key: task.event.key().clone(),
+                topic: topic.clone(),
+                partition: partition.0,
+                offset: task.event.offset().map(|offset| offset.0),
+                attempt: task.attempt,
+                duration_ms: duration,
+                error,
+                timestamp_ms: LifecycleEvent::now_ms(),
+            }
         });
     }
 }

@@ -107,13 +107,19 @@ impl TelemetrySink {
         }
     }
 
-    /// Queues `event` without waiting; drops it (and counts it) when the queue is full.
-    pub fn emit(&self, event: LifecycleEvent) {
-        if self
-            .commands
-            .try_send(Command::Event(Box::new(event)))
-            .is_err()
-        {
+    /// Queues the event `build` makes, without waiting; drops it (and counts it) when the queue
+    /// is full. The event is only built when the queue has room: a consumer that outruns the
+    /// telemetry topic drops most of its events, and building each (its timestamp, a heap
+    /// allocation) only to drop it cost the handlers' workers for nothing.
+    pub fn emit(&self, build: impl FnOnce() -> LifecycleEvent) {
+        // The room may be gone by the send (another worker took it): then the send fails and
+        // the event is dropped all the same.
+        let queued = self.commands.capacity() > 0
+            && self
+                .commands
+                .try_send(Command::Event(Box::new(build())))
+                .is_ok();
+        if !queued {
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             // Logged at powers of two so a sustained overflow does not flood the log.
             if dropped.is_power_of_two() {
@@ -211,7 +217,45 @@ fn crossed_power_of_two(before: u64, after: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::crossed_power_of_two;
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::kafka::producer::ProducerConfig;
+
+    fn event() -> LifecycleEvent {
+        LifecycleEvent {
+            event: "message",
+            stage: Stage::Dispatched,
+            group_id: ConsumerGroup::from("g"),
+            key: Key::from("k"),
+            topic: Topic::from("t"),
+            partition: 0,
+            offset: Some(0),
+            attempt: 1,
+            duration_ms: None,
+            error: None,
+            timestamp_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_events_without_building_them() {
+        // A runtime nothing drives: the sink's task never takes an event from the queue.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let producer = Producer::new(&ProducerConfig::new("127.0.0.1:1", "test")).unwrap();
+        let sink = TelemetrySink::start(producer, "telemetry".to_owned(), 2, runtime.handle());
+        let built = Cell::new(0);
+        for _ in 0..5 {
+            sink.emit(|| {
+                built.set(built.get() + 1);
+                event()
+            });
+        }
+        assert_eq!(built.get(), 2, "built only while the queue had room");
+        assert_eq!(sink.dropped(), 3);
+    }
 
     #[test]
     fn failures_are_logged_when_their_total_crosses_a_power_of_two() {

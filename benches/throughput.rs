@@ -78,7 +78,7 @@ usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only
   --telemetry     the client also produces its lifecycle events (telemetryEnabled, the
                   default outside this bench) to a fresh topic of their own; off, the
                   client has the telemetry layer without its topic
-  --keep-topic    leave the topic in Kafka instead of deleting it
+  --keep-topic    leave the bench's topics in Kafka instead of deleting them
 
 Needs PROSODY_BOOTSTRAP_SERVERS (scripts/bench sets it).";
 
@@ -912,10 +912,18 @@ async fn run(options: &Options) -> BenchResult<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .create()?;
-    create_topic(&admin, &topic, options.partitions).await?;
     let telemetry_topic = options.telemetry.then(|| format!("{topic}-telemetry"));
-    if let Some(telemetry_topic) = &telemetry_topic {
-        create_topic(&admin, telemetry_topic, options.partitions).await?;
+    let topics: Vec<&str> = std::iter::once(topic.as_str())
+        .chain(telemetry_topic.as_deref())
+        .collect();
+    for (created, name) in topics.iter().enumerate() {
+        if let Err(error) = create_topic(&admin, name, options.partitions).await {
+            // Those made before it are not left behind.
+            for made in &topics[..created] {
+                let _ = delete_topic(&admin, made).await;
+            }
+            return Err(error);
+        }
     }
     println!(
         "bench: topic {topic} ({} partitions), {} records, {} keys, {PAYLOAD_BYTES}-byte payloads, {} round(s)",
@@ -926,13 +934,11 @@ async fn run(options: &Options) -> BenchResult<()> {
         telemetry_topic: telemetry_topic.clone(),
     };
     let outcome = measure_all(&bootstrap, &topic, options, &client, &mut memory).await;
-    if options.keep_topic {
-        println!("bench: kept topic {topic}");
-    } else {
-        for topic in std::iter::once(&topic).chain(&telemetry_topic) {
-            if let Err(error) = delete_topic(&admin, topic).await {
-                eprintln!("bench: warning: {error}");
-            }
+    for name in &topics {
+        if options.keep_topic {
+            println!("bench: kept topic {name}");
+        } else if let Err(error) = delete_topic(&admin, name).await {
+            eprintln!("bench: warning: {error}");
         }
     }
     outcome?;

@@ -227,8 +227,9 @@ impl Producer {
         self.produce(topic, key, None, options).await
     }
 
-    /// Sends `record` as it is: no key check and no JSON encoding. For forwarding records
-    /// that could not be handled; applications send with [`send`](Self::send).
+    /// Sends `record` as it is: no key check and no JSON encoding. For records encoded already
+    /// (forwarded ones that could not be handled, telemetry events); applications send with
+    /// [`send`](Self::send).
     ///
     /// # Errors
     /// See [`ProducerError`].

@@ -7,7 +7,7 @@ use std::time::Instant;
 use prosody_api::ConsumerGroup;
 use tracing::Instrument;
 
-use super::{Layer, Service, Task, Verdict};
+use super::{Failure, Layer, Service, Task, Verdict};
 use crate::event::Event;
 use crate::telemetry::propagation::relate;
 use crate::telemetry::{LifecycleEvent, SpanRelation, Stage, TelemetrySink, handler_spans_wanted};
@@ -85,7 +85,15 @@ impl<S: Service> Telemetry<S> {
         span
     }
 
-    fn emit(&self, task: &Task<'_>, stage: Stage, duration: Option<f64>, error: Option<String>) {
+    /// Emits `task`'s event at `stage`; the run time (since `started`) and the failure's text
+    /// are read only for an event the sink has room for.
+    fn emit(
+        &self,
+        task: &Task<'_>,
+        stage: Stage,
+        started: Option<Instant>,
+        failure: Option<&Failure>,
+    ) {
         let Some(sink) = &self.settings.sink else {
             return;
         };
@@ -101,8 +109,8 @@ impl<S: Service> Telemetry<S> {
                 partition: partition.0,
                 offset: task.event.offset().map(|offset| offset.0),
                 attempt: task.attempt,
-                duration_ms: duration,
-                error,
+                duration_ms: started.map(|started| started.elapsed().as_secs_f64() * 1_000.0),
+                error: failure.map(|failure| failure.reason.clone()),
                 timestamp_ms: LifecycleEvent::now_ms(),
             }
         });
@@ -122,10 +130,9 @@ impl<S: Service> Service for Telemetry<S> {
         } else {
             self.inner.call(task).await
         };
-        let duration = started.map(|started| started.elapsed().as_secs_f64() * 1_000.0);
         match &verdict {
-            Ok(_) => self.emit(task, Stage::Succeeded, duration, None),
-            Err(failure) => self.emit(task, Stage::Failed, duration, Some(failure.reason.clone())),
+            Ok(_) => self.emit(task, Stage::Succeeded, started, None),
+            Err(failure) => self.emit(task, Stage::Failed, started, Some(failure)),
         }
         verdict
     }

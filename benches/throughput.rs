@@ -34,7 +34,7 @@ use std::env;
 use std::error::Error;
 use std::fmt::Write as _;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -352,7 +352,26 @@ impl ConsumerContext for AssignmentClock {
 /// in production (decode, key queues, offsets, commits) except the application's own work.
 struct ClientSubject {
     /// Where its lifecycle events go (`--telemetry`); none: telemetry is disabled.
-    telemetry_topic: Option<String>,
+    telemetry: Option<TelemetryTopic>,
+}
+
+/// The topic of the client's lifecycle events.
+struct TelemetryTopic {
+    name: String,
+    partitions: i32,
+    /// Events on it after the last pass.
+    events: AtomicI64,
+}
+
+impl TelemetryTopic {
+    /// Events that reached the topic since the last call.
+    async fn new_events(&self, bootstrap: &str) -> BenchResult<i64> {
+        let (bootstrap, name, partitions) =
+            (bootstrap.to_owned(), self.name.clone(), self.partitions);
+        let total = tokio::task::spawn_blocking(move || records_on(&bootstrap, &name, partitions))
+            .await??;
+        Ok(total - self.events.swap(total, Ordering::Relaxed))
+    }
 }
 
 /// Handled records and the first and last instant.
@@ -477,7 +496,8 @@ impl ThroughputSubject for ClientSubject {
         group: &str,
         expected: usize,
     ) -> BenchResult<Timing> {
-        let options = client_options(bootstrap, topic, group, self.telemetry_topic.as_deref());
+        let telemetry_topic = self.telemetry.as_ref().map(|topic| topic.name.as_str());
+        let options = client_options(bootstrap, topic, group, telemetry_topic);
         let client = ProsodyClient::from_options(options).await?;
         let counts = Counts::new(expected);
         let watch = AssignmentWatch::start({
@@ -489,8 +509,30 @@ impl ThroughputSubject for ClientSubject {
         let assigned = watch.finish();
         client.shutdown().await?;
         outcome?;
-        counts.timing(assigned?)
+        let timing = counts.timing(assigned?)?;
+        if let Some(telemetry) = &self.telemetry {
+            let this_pass = telemetry.new_events(bootstrap).await?;
+            // Precision loss only past 2^52 records.
+            #[allow(clippy::cast_precision_loss)]
+            let per_record = this_pass as f64 / expected as f64;
+            println!(
+                "client: {this_pass} lifecycle events reached the telemetry topic \
+                 ({per_record:.2} per record; the rest were dropped)"
+            );
+        }
+        Ok(timing)
     }
+}
+
+/// Records on `topic`: the sum of its partitions' high watermarks.
+fn records_on(bootstrap: &str, topic: &str, partitions: i32) -> BenchResult<i64> {
+    let consumer: BaseConsumer = consumer_config(bootstrap, "prosody-bench-watermarks").create()?;
+    let mut total = 0;
+    for partition in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, partition, ADMIN_TIMEOUT)?;
+        total += high;
+    }
+    Ok(total)
 }
 
 /// The pipeline without middleware: the poll loop, the engine (key queues, offsets, commits,
@@ -931,7 +973,11 @@ async fn run(options: &Options) -> BenchResult<()> {
     );
 
     let client = ClientSubject {
-        telemetry_topic: telemetry_topic.clone(),
+        telemetry: telemetry_topic.clone().map(|name| TelemetryTopic {
+            name,
+            partitions: options.partitions,
+            events: AtomicI64::new(0),
+        }),
     };
     let outcome = measure_all(&bootstrap, &topic, options, &client, &mut memory).await;
     for name in &topics {

@@ -364,14 +364,7 @@ impl ProsodyClient {
                 ..TimerSettings::default()
             },
         );
-        let telemetry = config.telemetry.enabled.then(|| {
-            TelemetrySink::start(
-                self.inner.producer.clone(),
-                config.telemetry.topic.clone(),
-                TELEMETRY_QUEUE,
-                &Handle::current(),
-            )
-        });
+        let telemetry = self.telemetry_sink()?;
         let scheduler = Arc::new(fair_scheduler(config));
         let loader = SharedLoader::default();
         let mut stack =
@@ -563,6 +556,22 @@ impl ProsodyClient {
         *self.inner.probe_address.lock() = None;
         self.inner.health.clear();
         info!("unsubscribed");
+    }
+
+    /// The sink of lifecycle events when telemetry is enabled: a thread of its own with a
+    /// best-effort producer (see `prosody_pipeline::telemetry::sink`).
+    fn telemetry_sink(&self) -> Result<Option<TelemetrySink>, ClientError> {
+        let config = &self.inner.config;
+        if !config.telemetry.enabled {
+            return Ok(None);
+        }
+        let producer = ProducerConfig::new(
+            self.inner.bootstrap_servers.clone(),
+            config.kafka.source_system.clone(),
+        );
+        TelemetrySink::start(&producer, config.telemetry.topic.clone(), TELEMETRY_QUEUE)
+            .map(Some)
+            .map_err(ClientError::kafka)
     }
 
     /// The middleware stack of a subscription, as the configuration asks (see

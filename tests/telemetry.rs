@@ -11,7 +11,7 @@
 mod common;
 
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::harness;
 use common::kafka_read;
@@ -161,7 +161,12 @@ async fn lifecycle_events_reach_the_telemetry_topic() {
     let script = Script::new();
     client.subscribe(script.handler()).await.expect("subscribe");
     script.wait_for(1, Duration::from_secs(60)).await;
-    client.flush_telemetry().await;
+    // The handler counts its success before it returns and the layer emits `succeeded`, so a
+    // flush may overtake that event: flush until the four are on the topic.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kafka_read::end_offsets(&telemetry_topic, 1) < vec![4] && Instant::now() < deadline {
+        client.flush_telemetry().await;
+    }
     let events: Vec<Value> = kafka_read::read_all(&telemetry_topic, 1)
         .iter()
         .map(kafka_read::Record::json)

@@ -228,8 +228,7 @@ impl Producer {
     }
 
     /// Sends `record` as it is: no key check and no JSON encoding. For records encoded already
-    /// (forwarded ones that could not be handled, telemetry events); applications send with
-    /// [`send`](Self::send).
+    /// (forwarded ones that could not be handled); applications send with [`send`](Self::send).
     ///
     /// # Errors
     /// See [`ProducerError`].

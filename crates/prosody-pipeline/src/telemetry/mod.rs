@@ -8,9 +8,11 @@
 pub mod events;
 pub mod propagation;
 pub mod setup;
+pub mod sink;
 
-pub use events::{LifecycleEvent, Stage, TelemetrySink};
+pub use events::{LifecycleEvent, Stage};
 pub use propagation::{SpanRelation, TraceInjector, parent_context};
 pub use setup::{
     flush_tracing, handler_spans_wanted, init_tracing, init_tracing_with, shutdown_tracing,
 };
+pub use sink::{SinkError, TelemetrySink};

@@ -47,13 +47,14 @@ impl Default for BestEffortSettings {
     }
 }
 
-/// The most bytes of records waiting in librdkafka's queue; past it a send is refused and the
-/// record is counted as dropped.
-const QUEUE_KIBIBYTES: u32 = 64 * 1024;
+/// The most bytes of records waiting in librdkafka's queue or in flight; past it a send is
+/// refused. About 150,000 lifecycle events: what a broker that stops answering may hold up
+/// until the delivery timeout, without growing the process by more than some tens of MiB.
+const QUEUE_KIBIBYTES: u32 = 32 * 1024;
 
-/// The most records waiting in librdkafka's queue (librdkafka's default, 100,000, is two
-/// tenths of a second of lifecycle events from a consumer handling a million records a second).
-const QUEUE_RECORDS: u32 = 1_000_000;
+/// The most records waiting in librdkafka's queue or in flight (its default of 100,000 is
+/// 70 ms of lifecycle events from a consumer handling 700,000 records a second).
+const QUEUE_RECORDS: u32 = 200_000;
 
 /// Why a record was not taken.
 #[derive(Debug, thiserror::Error)]

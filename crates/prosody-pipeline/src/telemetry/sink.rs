@@ -194,8 +194,13 @@ fn send_events(
                 if let Err(not_queued) =
                     producer.send(topic, event.key.as_str().as_bytes(), &payload)
                 {
-                    debug!(error = %not_queued, "lifecycle event not taken by librdkafka");
-                    dropped.count("librdkafka's queue for the telemetry topic is full");
+                    if not_queued.queue_full() {
+                        dropped.count("librdkafka's queue for the telemetry topic is full");
+                    } else {
+                        // Not the load: this event itself (its size, say).
+                        warn!(error = %not_queued, "lifecycle event refused by librdkafka");
+                        dropped.count("librdkafka refused the event");
+                    }
                 }
             }
             Ok(Command::Flush(done, within)) => {

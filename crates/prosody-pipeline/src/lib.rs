@@ -19,6 +19,7 @@ pub mod scheduler;
 pub mod state;
 pub mod tag_shards;
 pub mod telemetry;
+pub mod thread_shard;
 pub mod timers;
 
 pub use event::{Event, FiredTimer};

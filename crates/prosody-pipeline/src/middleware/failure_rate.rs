@@ -2,17 +2,16 @@
 //!
 //! The window is kept in buckets, so memory stays constant. Most outcomes are successes,
 //! recorded from every core. While the newest bucket is open, a success is one atomic add
-//! outside the lock, to a counter of the recording thread's own (one of [`SHARDS`], each on a
-//! cache line of its own). With a lock per outcome, or one shared counter, a cache line moved
+//! outside the lock, to a counter of the recording thread's own ([`crate::thread_shard`], each
+//! on a cache line of its own). With a lock per outcome, or one shared counter, a cache line moved
 //! between the cores handling messages on every outcome, and the line also held what every
 //! outcome reads (when the newest bucket closes). The lock-free successes are folded into the
 //! newest bucket whenever the lock is taken. A success that races with the bucket's end lands
 //! in the next bucket, which is within the rate's resolution.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -20,31 +19,10 @@ use parking_lot::{Mutex, MutexGuard};
 use prosody_api::CoarseInstant;
 
 use crate::monotonic::Clock;
+use crate::thread_shard::{self, SHARDS};
 
 /// Buckets the window is divided in.
 const BUCKETS: u32 = 10;
-
-/// Counters of lock-free successes: more than the cores a consumer usually runs on, so
-/// threads rarely share one (they may: the counters are atomic).
-const SHARDS: usize = 8;
-
-/// Hands each thread its shard, in turn.
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static SHARD: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-/// The calling thread's shard.
-fn shard() -> usize {
-    SHARD.with(|shard| {
-        shard.get().unwrap_or_else(|| {
-            let assigned = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
-            shard.set(Some(assigned));
-            assigned
-        })
-    })
-}
 
 /// Outcomes over a rolling window.
 #[derive(Debug)]
@@ -98,7 +76,7 @@ impl FailureRate {
         if self.since_origin(self.clock.now()) >= self.open_until.load(Ordering::Acquire) {
             return false;
         }
-        self.unfolded[shard()].fetch_add(1, Ordering::Relaxed);
+        self.unfolded[thread_shard::index()].fetch_add(1, Ordering::Relaxed);
         true
     }
 

@@ -1,30 +1,37 @@
 //! The sending end of the telemetry topic.
 //!
 //! Handlers must neither wait for telemetry nor share their CPU with it. [`TelemetrySink::emit`]
-//! puts the event in a bounded queue and returns. A thread of its own, at the lowest scheduling
-//! priority (niceness 19), takes events in batches, writes each as JSON and hands it to a
-//! [`BestEffortProducer`] created on that thread, so that librdkafka's threads for it inherit
-//! the priority. While the handlers keep every CPU busy, the thread gets little of them: the
-//! queue fills and events are dropped and counted rather than slowing the handlers down. With
-//! CPU to spare, every event is sent.
+//! appends the event to a bounded queue of the calling thread's own and returns. A thread of
+//! its own, at the lowest scheduling priority (niceness 19), takes each queue's events every
+//! [`TICK`], writes each as JSON and hands it to a [`BestEffortProducer`] created on that thread,
+//! so that librdkafka's threads for it inherit the priority. While the handlers keep every CPU
+//! busy the thread gets little of them: the queues fill and events are dropped and counted
+//! rather than slowing the handlers down. With CPU to spare, every event is sent.
+//!
+//! One queue per worker (see [`crate::thread_shard`]), taken whole by the sender thread, is
+//! what makes an event cheap to emit: its lock is on a line of the worker's own core, taken by
+//! the sender thread once per tick. One queue shared by the workers, with its count of free
+//! slots and its wake-ups of the receiver, moved cache lines between cores on every event and
+//! cost the workers more than building the events did.
 
-use std::sync::Arc;
+use std::mem;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc as std_mpsc};
 use std::thread;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
 use thread_priority::{ThreadPriority, set_current_thread_priority};
-use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use super::events::LifecycleEvent;
 use crate::kafka::best_effort::{BestEffortProducer, BestEffortSettings, DeliveryFailures};
 use crate::kafka::producer::{ProducerConfig, ProducerError};
+use crate::thread_shard::{self, SHARDS};
 
-/// How long the sender thread sleeps when it finds the queue empty. Senders never wake it: a
-/// thread parked on the queue must be woken by a system call, and at a wake per event or two
-/// that cost the handlers' workers more than building the events did.
+/// How often the sender thread takes the queued events. Emitting never wakes it.
 const TICK: Duration = Duration::from_millis(5);
 
 /// The longest [`TelemetrySink::flush`] waits for librdkafka: every record is delivered or
@@ -51,29 +58,64 @@ pub enum SinkError {
     Thread(#[from] std::io::Error),
 }
 
-enum Command {
-    /// By value: a box would be allocated by a worker and freed by the sender thread, which
-    /// glibc's allocator makes slow.
-    Event(LifecycleEvent),
-    /// Say on the sender when everything before has been delivered or failed, waiting for
-    /// librdkafka at most the duration.
+/// What the sender thread is asked besides sending events.
+enum Control {
+    /// Say on the sender when everything queued before has been delivered or failed, waiting
+    /// for librdkafka at most the duration.
     Flush(oneshot::Sender<()>, Duration),
-    /// End the thread.
+    /// End the thread after sending what is queued.
     Stop,
+}
+
+/// One thread's queue.
+#[derive(Default)]
+struct Queue {
+    events: Vec<LifecycleEvent>,
+    /// Events this queue had no room for.
+    dropped: u64,
+}
+
+/// The queues and counts the emitting threads and the sender thread share.
+struct Queues {
+    per_thread: [CachePadded<Mutex<Queue>>; SHARDS],
+    /// Room of each queue.
+    capacity: usize,
+    /// Events librdkafka did not take.
+    refused: AtomicU64,
+}
+
+impl Queues {
+    fn new(capacity: usize) -> Self {
+        Self {
+            per_thread: Default::default(),
+            capacity: capacity.max(1),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        let full: u64 = self
+            .per_thread
+            .iter()
+            .map(|queue| queue.lock().dropped)
+            .sum();
+        full + self.refused.load(Ordering::Relaxed)
+    }
 }
 
 /// The sending end of the telemetry topic. Cheap to clone; the thread stops at
 /// [`close`](Self::close) or when every clone is dropped.
 #[derive(Clone)]
 pub struct TelemetrySink {
-    commands: mpsc::Sender<Command>,
-    dropped: Arc<Dropped>,
+    queues: Arc<Queues>,
+    control: std_mpsc::Sender<Control>,
     failures: DeliveryFailures,
 }
 
 impl TelemetrySink {
     /// Starts the sender thread with a producer made from `config` (its bootstrap servers and
-    /// librdkafka overrides), sending to `topic` and queueing at most `capacity` events.
+    /// librdkafka overrides), sending to `topic`; each emitting thread queues at most
+    /// `capacity` events between the sender thread's ticks.
     ///
     /// # Errors
     /// [`SinkError`] when the producer or the thread cannot be made.
@@ -82,10 +124,10 @@ impl TelemetrySink {
         topic: String,
         capacity: usize,
     ) -> Result<Self, SinkError> {
-        let (commands, receiver) = mpsc::channel(capacity.max(1));
-        let dropped = Arc::new(Dropped::default());
-        let (made, producer) = std::sync::mpsc::sync_channel(1);
-        let (config, thread_dropped) = (config.clone(), dropped.clone());
+        let queues = Arc::new(Queues::new(capacity));
+        let (control, requests) = std_mpsc::channel();
+        let (made, producer) = std_mpsc::sync_channel(1);
+        let (config, sender_queues) = (config.clone(), queues.clone());
         thread::Builder::new()
             .name("prosody-telemetry".to_owned())
             .spawn(move || {
@@ -93,7 +135,7 @@ impl TelemetrySink {
                 match BestEffortProducer::new(&config, &producer_settings()) {
                     Ok(producer) => {
                         if made.send(Ok(producer.failures())).is_ok() {
-                            send_events(&producer, &topic, receiver, &thread_dropped);
+                            Sender::new(producer, topic, sender_queues).run(&requests);
                         }
                     }
                     Err(error) => {
@@ -105,30 +147,29 @@ impl TelemetrySink {
             std::io::Error::other("the telemetry thread ended before its producer was made")
         })??;
         Ok(Self {
-            commands,
-            dropped,
+            queues,
+            control,
             failures,
         })
     }
 
-    /// Queues the event `build` makes, without waiting; drops it (and counts it) when the queue
-    /// is full. The event is only built when the queue has room: a consumer that outruns the
-    /// telemetry topic drops most of its events, and building each (its timestamp, a heap
-    /// allocation) only to drop it cost the handlers' workers for nothing.
+    /// Queues the event `build` makes, without waiting; drops it (and counts it) when the
+    /// calling thread's queue is full. The event is only built when there is room: a consumer
+    /// that outruns the telemetry topic drops most of its events, and building each only to
+    /// drop it cost the handlers' workers for nothing.
     pub fn emit(&self, build: impl FnOnce() -> LifecycleEvent) {
-        // The room may be gone by the send (another worker took it): then the send fails and
-        // the event is dropped all the same.
-        let queued =
-            self.commands.capacity() > 0 && self.commands.try_send(Command::Event(build())).is_ok();
-        if !queued {
-            self.dropped.count("telemetry queue full");
+        let mut queue = self.queues.per_thread[thread_shard::index()].lock();
+        if queue.events.len() < self.queues.capacity {
+            queue.events.push(build());
+        } else {
+            queue.dropped += 1;
         }
     }
 
-    /// Events dropped before reaching Kafka: the sink's queue or librdkafka's was full.
+    /// Events dropped before reaching Kafka: a queue or librdkafka's was full.
     #[must_use]
     pub fn dropped(&self) -> u64 {
-        self.dropped.0.load(Ordering::Relaxed)
+        self.queues.dropped()
     }
 
     /// Events handed to Kafka that it did not accept (a missing topic, a broker gone for
@@ -144,27 +185,19 @@ impl TelemetrySink {
     }
 
     async fn flush_within(&self, within: Duration) {
-        let (done, sent) = oneshot::channel();
-        if self
-            .commands
-            .send(Command::Flush(done, within))
-            .await
-            .is_ok()
-        {
-            let _ = sent.await;
+        let (done, flushed) = oneshot::channel();
+        if self.control.send(Control::Flush(done, within)).is_ok() {
+            let _ = flushed.await;
         }
     }
 
     /// Flushes and stops the thread, waiting at most `within`.
     pub async fn close(&self, within: Duration) {
-        let closed = tokio::time::timeout(within, async {
-            self.flush_within(within).await;
-            let _ = self.commands.send(Command::Stop).await;
-        })
-        .await;
-        if closed.is_err() {
+        let flushed = tokio::time::timeout(within, self.flush_within(within)).await;
+        if flushed.is_err() {
             warn!("telemetry events not flushed in time: remaining ones dropped");
         }
+        let _ = self.control.send(Control::Stop);
     }
 }
 
@@ -176,58 +209,103 @@ fn lower_priority() {
     }
 }
 
-fn send_events(
-    producer: &BestEffortProducer,
-    topic: &str,
-    mut commands: mpsc::Receiver<Command>,
-    dropped: &Dropped,
-) {
-    let mut payload = Vec::new();
-    loop {
-        match commands.try_recv() {
-            Ok(Command::Event(event)) => {
-                payload.clear();
-                // Straight to JSON text in a reused buffer: librdkafka copies it.
-                if serde_json::to_writer(&mut payload, &event).is_err() {
-                    continue;
-                }
-                if let Err(not_queued) =
-                    producer.send(topic, event.key.as_str().as_bytes(), &payload)
-                {
-                    if not_queued.queue_full() {
-                        dropped.count("librdkafka's queue for the telemetry topic is full");
-                    } else {
-                        // Not the load: this event itself (its size, say).
-                        warn!(error = %not_queued, "lifecycle event refused by librdkafka");
-                        dropped.count("librdkafka refused the event");
-                    }
-                }
-            }
-            Ok(Command::Flush(done, within)) => {
-                if !producer.flush_blocking(within) {
-                    warn!("lifecycle events not all settled at a telemetry flush");
-                }
-                let _ = done.send(());
-            }
-            Ok(Command::Stop) | Err(TryRecvError::Disconnected) => break,
-            Err(TryRecvError::Empty) => thread::sleep(TICK),
-        }
-    }
-    debug!("telemetry sink stopped");
+/// The sender thread's state.
+struct Sender {
+    producer: BestEffortProducer,
+    topic: String,
+    queues: Arc<Queues>,
+    /// Emptied queues, handed back to the emitting threads so their room stays allocated.
+    spare: Vec<LifecycleEvent>,
+    payload: Vec<u8>,
+    /// Drops at the last warning.
+    dropped_said: u64,
 }
 
-/// Events dropped before reaching Kafka.
-#[derive(Default)]
-struct Dropped(AtomicU64);
-
-impl Dropped {
-    fn count(&self, why: &'static str) {
-        let dropped = self.0.fetch_add(1, Ordering::Relaxed) + 1;
-        // Logged at powers of two so a sustained overflow does not flood the log.
-        if dropped.is_power_of_two() {
-            warn!(dropped, last_reason = why, "lifecycle events dropped");
+impl Sender {
+    fn new(producer: BestEffortProducer, topic: String, queues: Arc<Queues>) -> Self {
+        Self {
+            producer,
+            topic,
+            queues,
+            spare: Vec::new(),
+            payload: Vec::new(),
+            dropped_said: 0,
         }
     }
+
+    /// Sends what is queued every tick, and flushes when asked, until stopped or every sink
+    /// is dropped.
+    fn run(mut self, requests: &std_mpsc::Receiver<Control>) {
+        loop {
+            // Asked before the queues are taken: a flush covers every event queued before it.
+            let (asked, ended) = match requests.try_recv() {
+                Ok(control) => (Some(control), false),
+                Err(std_mpsc::TryRecvError::Empty) => (None, false),
+                Err(std_mpsc::TryRecvError::Disconnected) => (None, true),
+            };
+            self.send_queued();
+            match asked {
+                Some(Control::Flush(done, within)) => {
+                    if !self.producer.flush_blocking(within) {
+                        warn!("lifecycle events not all settled at a telemetry flush");
+                    }
+                    let _ = done.send(());
+                }
+                // Nothing asked: wait for more events (a flush request waits at most a tick).
+                None if !ended => thread::sleep(TICK),
+                Some(Control::Stop) | None => break,
+            }
+        }
+        debug!("telemetry sink stopped");
+    }
+
+    fn send_queued(&mut self) {
+        for shard in 0..SHARDS {
+            let mut events = {
+                let mut queue = self.queues.per_thread[shard].lock();
+                // An idle queue keeps what it has; the spare's room goes to a busy one.
+                if queue.events.is_empty() {
+                    continue;
+                }
+                mem::replace(&mut queue.events, mem::take(&mut self.spare))
+            };
+            for event in events.drain(..) {
+                self.send(&event);
+            }
+            self.spare = events;
+        }
+        let dropped = self.queues.dropped();
+        // Said when the count passes a power of two: a lasting overload is said a few times.
+        if crossed_power_of_two(self.dropped_said, dropped) {
+            warn!(
+                dropped,
+                "lifecycle events dropped: the telemetry thread (at the lowest priority) or \
+                 librdkafka did not keep up"
+            );
+            self.dropped_said = dropped;
+        }
+    }
+
+    fn send(&mut self, event: &LifecycleEvent) {
+        self.payload.clear();
+        // Straight to JSON text in a reused buffer: librdkafka copies it.
+        if serde_json::to_writer(&mut self.payload, event).is_err() {
+            return;
+        }
+        let key = event.key.as_str().as_bytes();
+        if let Err(not_queued) = self.producer.send(&self.topic, key, &self.payload) {
+            self.queues.refused.fetch_add(1, Ordering::Relaxed);
+            if !not_queued.queue_full() {
+                // Not the load: this event itself (its size, say).
+                warn!(error = %not_queued, "lifecycle event refused by librdkafka");
+            }
+        }
+    }
+}
+
+/// Whether a power of two lies in `(before, after]`.
+fn crossed_power_of_two(before: u64, after: u64) -> bool {
+    after > before && (before == 0 || after.ilog2() > before.ilog2())
 }
 
 #[cfg(test)]
@@ -261,12 +339,11 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_events_without_building_them() {
-        // A queue nothing takes from.
-        let (commands, _receiver) = mpsc::channel(2);
+        // No sender thread: nothing takes from the queues.
         let producer = BestEffortProducer::new(&unreachable(), &producer_settings()).unwrap();
         let sink = TelemetrySink {
-            commands,
-            dropped: Arc::default(),
+            queues: Arc::new(Queues::new(2)),
+            control: std_mpsc::channel().0,
             failures: producer.failures(),
         };
         let built = Cell::new(0);
@@ -278,6 +355,56 @@ mod tests {
         }
         assert_eq!(built.get(), 2, "built only while the queue had room");
         assert_eq!(sink.dropped(), 3);
+    }
+
+    #[test]
+    fn each_thread_has_its_own_room() {
+        let producer = BestEffortProducer::new(&unreachable(), &producer_settings()).unwrap();
+        let sink = TelemetrySink {
+            queues: Arc::new(Queues::new(1)),
+            control: std_mpsc::channel().0,
+            failures: producer.failures(),
+        };
+        sink.emit(event);
+        // Slots are handed to threads in turn: one of the next few threads has another slot
+        // than this one (other tests' threads take turns too, hence the bound, not one try).
+        let mine = thread_shard::index();
+        let emitted_elsewhere = (0..100).any(|_| {
+            let other = sink.clone();
+            std::thread::spawn(move || {
+                let elsewhere = thread_shard::index() != mine;
+                if elsewhere {
+                    other.emit(event);
+                }
+                elsewhere
+            })
+            .join()
+            .unwrap()
+        });
+        assert!(emitted_elsewhere);
+        assert_eq!(
+            sink.dropped(),
+            0,
+            "the other thread used a queue of its own"
+        );
+        sink.emit(event);
+        assert_eq!(sink.dropped(), 1);
+    }
+
+    #[test]
+    fn drops_are_said_when_their_total_passes_a_power_of_two() {
+        let said: Vec<u64> = (0..100_u64)
+            .filter(|before| crossed_power_of_two(*before, before + 1))
+            .map(|before| before + 1)
+            .collect();
+        assert_eq!(said, [1, 2, 4, 8, 16, 32, 64]);
+        assert!(
+            crossed_power_of_two(0, 300),
+            "the first drops are always said"
+        );
+        assert!(crossed_power_of_two(300, 600));
+        assert!(!crossed_power_of_two(600, 900));
+        assert!(!crossed_power_of_two(5, 5));
     }
 
     /// Niceness of the threads of this process whose name starts with `prefix`

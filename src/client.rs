@@ -42,7 +42,8 @@ use crate::error::ClientError;
 /// Partitions of each subscribed topic that mock mode creates in its in-process cluster.
 const MOCK_PARTITIONS: i32 = 4;
 
-/// Lifecycle events queued for the telemetry topic before new ones are dropped.
+/// Lifecycle events each worker queues for the telemetry topic between the sender thread's
+/// turns (every 5 ms) before new ones are dropped.
 const TELEMETRY_QUEUE: usize = 8_192;
 
 /// Where the consumer is in its lifecycle.

@@ -337,15 +337,19 @@ mod tests {
         ProducerConfig::new("127.0.0.1:1", "test")
     }
 
-    #[test]
-    fn a_full_queue_drops_events_without_building_them() {
-        // No sender thread: nothing takes from the queues.
+    /// A sink without a sender thread: nothing takes from its queues.
+    fn detached(capacity: usize) -> TelemetrySink {
         let producer = BestEffortProducer::new(&unreachable(), &producer_settings()).unwrap();
-        let sink = TelemetrySink {
-            queues: Arc::new(Queues::new(2)),
+        TelemetrySink {
+            queues: Arc::new(Queues::new(capacity)),
             control: std_mpsc::channel().0,
             failures: producer.failures(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_events_without_building_them() {
+        let sink = detached(2);
         let built = Cell::new(0);
         for _ in 0..5 {
             sink.emit(|| {
@@ -359,12 +363,7 @@ mod tests {
 
     #[test]
     fn each_thread_has_its_own_room() {
-        let producer = BestEffortProducer::new(&unreachable(), &producer_settings()).unwrap();
-        let sink = TelemetrySink {
-            queues: Arc::new(Queues::new(1)),
-            control: std_mpsc::channel().0,
-            failures: producer.failures(),
-        };
+        let sink = detached(1);
         sink.emit(event);
         // Slots are handed to threads in turn: one of the next few threads has another slot
         // than this one (other tests' threads take turns too, hence the bound, not one try).

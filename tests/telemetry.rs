@@ -10,6 +10,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -205,4 +206,63 @@ async fn lifecycle_events_reach_the_telemetry_topic() {
     );
     assert!(events[3]["durationMs"].is_number());
     assert!(events[0].get("durationMs").is_none());
+}
+
+/// With room in the queues nothing is dropped: every record of a burst has its two events on
+/// the topic, dispatched before succeeded, although handlers that suspend may resume on
+/// another worker than the one that queued the first event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_within_the_queues_room_keeps_every_event_in_order() {
+    const RECORDS: usize = 2_000;
+    let topic = common::unique_name("burst");
+    let group = common::unique_name("burst_group");
+    let telemetry_topic = format!("{topic}_telemetry");
+    harness::create_topic(&topic, 4).await;
+    harness::create_topic(&telemetry_topic, 1).await;
+    harness::produce(&sender(&topic).await, &topic, RECORDS, 50).await;
+    let client = ProsodyClient::from_options(ClientOptions {
+        telemetry_enabled: Some(true),
+        telemetry_topic: Some(telemetry_topic.clone()),
+        ..harness::options(&topic, &group)
+    })
+    .await
+    .expect("client");
+    let recorder = harness::Recorder::new();
+    // Up to a millisecond's sleep per record: handlers suspend and resume.
+    let behaviour = harness::Behaviour {
+        max_sleep_ms: 1,
+        gate: None,
+    };
+    client
+        .subscribe(recorder.handler("burst", behaviour))
+        .await
+        .expect("subscribe");
+    recorder.wait_for(RECORDS, Duration::from_secs(60)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let expected = i64::try_from(2 * RECORDS).unwrap();
+    while kafka_read::end_offsets(&telemetry_topic, 1) < vec![expected] && Instant::now() < deadline
+    {
+        client.flush_telemetry().await;
+    }
+    let events: Vec<Value> = kafka_read::read_all(&telemetry_topic, 1)
+        .iter()
+        .map(kafka_read::Record::json)
+        .collect();
+    client.shutdown().await.expect("shutdown");
+    assert_eq!(events.len(), 2 * RECORDS);
+    let mut stages: HashMap<(u64, u64), Vec<String>> = HashMap::new();
+    for event in &events {
+        let record = (
+            event["partition"].as_u64().unwrap(),
+            event["offset"].as_u64().unwrap(),
+        );
+        stages
+            .entry(record)
+            .or_default()
+            .push(event["stage"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(stages.len(), RECORDS);
+    for (record, seen) in &stages {
+        assert_eq!(seen, &["dispatched", "succeeded"], "record {record:?}");
+    }
 }

@@ -111,7 +111,7 @@ impl<S: Service> Telemetry<S> {
                 attempt: task.attempt,
                 duration_ms: started.map(|started| started.elapsed().as_secs_f64() * 1_000.0),
                 error: failure.map(|failure| failure.reason.clone()),
-                timestamp_ms: LifecycleEvent::now_ms(),
+                timestamp_ns: LifecycleEvent::now_ns(),
             }
         });
     }

@@ -45,18 +45,29 @@ pub struct LifecycleEvent {
     /// The failure text (failed only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// When the stage was reached, in milliseconds since the Unix epoch.
-    pub timestamp_ms: u64,
+    /// When the stage was reached, in nanoseconds since the Unix epoch; written as
+    /// `timestampMs`, in milliseconds. The sender orders events by it: those of one record may
+    /// be queued by different workers.
+    #[serde(rename = "timestampMs", serialize_with = "as_millis")]
+    pub timestamp_ns: u64,
+}
+
+#[allow(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's serialize_with passes the field by reference"
+)]
+fn as_millis<S: serde::Serializer>(nanos: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(nanos / 1_000_000)
 }
 
 impl LifecycleEvent {
-    /// Milliseconds since the Unix epoch, now.
+    /// Nanoseconds since the Unix epoch, now.
     #[must_use]
-    pub fn now_ms() -> u64 {
+    pub fn now_ns() -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| {
-                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+                u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
             })
     }
 }

@@ -215,7 +215,9 @@ struct Sender {
     topic: String,
     queues: Arc<Queues>,
     /// Emptied queues, handed back to the emitting threads so their room stays allocated.
-    spare: Vec<LifecycleEvent>,
+    spares: Vec<Vec<LifecycleEvent>>,
+    /// Events taken from the queues and not sent yet (see `send_queued`).
+    batch: Vec<LifecycleEvent>,
     payload: Vec<u8>,
     /// Drops at the last warning.
     dropped_said: u64,
@@ -227,7 +229,8 @@ impl Sender {
             producer,
             topic,
             queues,
-            spare: Vec::new(),
+            spares: Vec::new(),
+            batch: Vec::new(),
             payload: Vec::new(),
             dropped_said: 0,
         }
@@ -243,7 +246,14 @@ impl Sender {
                 Err(std_mpsc::TryRecvError::Empty) => (None, false),
                 Err(std_mpsc::TryRecvError::Disconnected) => (None, true),
             };
-            self.send_queued();
+            // A flush, a stop or the end sends everything; otherwise the newest events may wait
+            // a turn (see `send_queued`).
+            let until = if asked.is_none() && !ended {
+                LifecycleEvent::now_ns()
+            } else {
+                u64::MAX
+            };
+            self.send_queued(until);
             match asked {
                 Some(Control::Flush(done, within)) => {
                     if !self.producer.flush_blocking(within) {
@@ -259,21 +269,35 @@ impl Sender {
         debug!("telemetry sink stopped");
     }
 
-    fn send_queued(&mut self) {
-        for shard in 0..SHARDS {
-            let mut events = {
-                let mut queue = self.queues.per_thread[shard].lock();
-                // An idle queue keeps what it has; the spare's room goes to a busy one.
-                if queue.events.is_empty() {
-                    continue;
-                }
-                mem::replace(&mut queue.events, mem::take(&mut self.spare))
-            };
-            for event in events.drain(..) {
-                self.send(&event);
+    /// Sends the queued events stamped before `until`, in the order they were emitted; later
+    /// ones wait for the next turn.
+    ///
+    /// A record's events may sit in two workers' queues (its handler resumed on another
+    /// worker), and the topic should hold a key's events in order. Taking the queues one after
+    /// another, this turn may find a record's `succeeded` in a queue taken last but miss its
+    /// `dispatched`, queued after its own queue was taken. An event stamped before `until`,
+    /// read before any queue is taken, was queued before: this turn has it.
+    fn send_queued(&mut self, until: u64) {
+        let mut batch = mem::take(&mut self.batch);
+        for queue in &self.queues.per_thread {
+            let mut queue = queue.lock();
+            // An idle queue keeps what it has; spare room goes to busy ones.
+            if queue.events.is_empty() {
+                continue;
             }
-            self.spare = events;
+            let spare = self.spares.pop().unwrap_or_default();
+            let mut taken = mem::replace(&mut queue.events, spare);
+            drop(queue);
+            batch.append(&mut taken);
+            self.spares.push(taken);
         }
+        batch.sort_by_key(|event| event.timestamp_ns);
+        let ready = batch.partition_point(|event| event.timestamp_ns < until);
+        for event in batch.drain(..ready) {
+            self.send(&event);
+        }
+        // What waits for the next turn.
+        self.batch = batch;
         let dropped = self.queues.dropped();
         // Said when the count passes a power of two: a lasting overload is said a few times.
         if crossed_power_of_two(self.dropped_said, dropped) {
@@ -329,7 +353,7 @@ mod tests {
             attempt: 1,
             duration_ms: None,
             error: None,
-            timestamp_ms: 0,
+            timestamp_ns: 0,
         }
     }
 

@@ -135,6 +135,25 @@ async fn follows_from_starts_a_new_trace_linked_to_the_producer() {
     );
 }
 
+/// The events on `telemetry_topic` (one partition) once `expected` are there, flushing the
+/// client's until they are (at most 30 s): a handler counts itself done before it returns and
+/// the layer emits `succeeded`, so one flush may overtake the last events.
+async fn lifecycle_events(
+    client: &ProsodyClient,
+    telemetry_topic: &str,
+    expected: usize,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let expected = vec![i64::try_from(expected).unwrap()];
+    while kafka_read::end_offsets(telemetry_topic, 1) < expected && Instant::now() < deadline {
+        client.flush_telemetry().await;
+    }
+    kafka_read::read_all(telemetry_topic, 1)
+        .iter()
+        .map(kafka_read::Record::json)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_events_reach_the_telemetry_topic() {
     exporter();
@@ -162,16 +181,7 @@ async fn lifecycle_events_reach_the_telemetry_topic() {
     let script = Script::new();
     client.subscribe(script.handler()).await.expect("subscribe");
     script.wait_for(1, Duration::from_secs(60)).await;
-    // The handler counts its success before it returns and the layer emits `succeeded`, so a
-    // flush may overtake that event: flush until the four are on the topic.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while kafka_read::end_offsets(&telemetry_topic, 1) < vec![4] && Instant::now() < deadline {
-        client.flush_telemetry().await;
-    }
-    let events: Vec<Value> = kafka_read::read_all(&telemetry_topic, 1)
-        .iter()
-        .map(kafka_read::Record::json)
-        .collect();
+    let events = lifecycle_events(&client, &telemetry_topic, 4).await;
     client.shutdown().await.expect("shutdown");
     let stages: Vec<(&str, u64)> = events
         .iter()
@@ -238,16 +248,7 @@ async fn a_burst_within_the_queues_room_keeps_every_event_in_order() {
         .await
         .expect("subscribe");
     recorder.wait_for(RECORDS, Duration::from_secs(60)).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let expected = i64::try_from(2 * RECORDS).unwrap();
-    while kafka_read::end_offsets(&telemetry_topic, 1) < vec![expected] && Instant::now() < deadline
-    {
-        client.flush_telemetry().await;
-    }
-    let events: Vec<Value> = kafka_read::read_all(&telemetry_topic, 1)
-        .iter()
-        .map(kafka_read::Record::json)
-        .collect();
+    let events = lifecycle_events(&client, &telemetry_topic, 2 * RECORDS).await;
     client.shutdown().await.expect("shutdown");
     assert_eq!(events.len(), 2 * RECORDS);
     let mut stages: HashMap<(u64, u64), Vec<String>> = HashMap::new();

@@ -8,11 +8,11 @@
 //! busy the thread gets little of them: the queues fill and events are dropped and counted
 //! rather than slowing the handlers down. With CPU to spare, every event is sent.
 //!
-//! One queue per worker (see [`crate::thread_shard`]), taken whole by the sender thread, is
-//! what makes an event cheap to emit: its lock is on a line of the worker's own core, taken by
-//! the sender thread once per tick. One queue shared by the workers, with its count of free
-//! slots and its wake-ups of the receiver, moved cache lines between cores on every event and
-//! cost the workers more than building the events did.
+//! One queue per worker (see [`crate::thread_shard`]), taken whole by the sender thread, keeps
+//! emitting on the worker's own core: its lock is on a line of its own, which the sender thread
+//! takes once per tick. Through one channel shared by the workers, every event moved the
+//! channel's count of free slots, its tail and the receiver's wake-up state between cores, and
+//! a receiver parked on the channel had to be woken by a system call.
 
 use std::mem;
 use std::sync::atomic::{AtomicU64, Ordering};

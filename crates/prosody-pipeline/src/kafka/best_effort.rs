@@ -80,13 +80,13 @@ impl NotQueued {
 #[derive(Clone)]
 pub struct BestEffortProducer {
     inner: ThreadedProducer<FailureCounter>,
-    failures: Arc<Failures>,
+    failures: DeliveryFailures,
 }
 
 impl std::fmt::Debug for BestEffortProducer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BestEffortProducer")
-            .field("failed", &self.failed())
+            .field("failed", &self.failures.count())
             .finish_non_exhaustive()
     }
 }
@@ -111,7 +111,10 @@ impl BestEffortProducer {
                 bootstrap_servers: config.bootstrap_servers.clone(),
                 source: Box::new(source),
             })?;
-        Ok(Self { inner, failures })
+        Ok(Self {
+            inner,
+            failures: DeliveryFailures(failures),
+        })
     }
 
     /// Hands `value` under `key` to librdkafka for `topic` and returns without waiting.
@@ -128,17 +131,11 @@ impl BestEffortProducer {
             })
     }
 
-    /// Records librdkafka gave up on after taking them.
-    #[must_use]
-    pub fn failed(&self) -> u64 {
-        self.failures.count.load(Ordering::Relaxed)
-    }
-
-    /// A handle on the count of [`failed`](Self::failed) records that does not keep the
-    /// producer alive.
+    /// The count of records librdkafka gave up on after taking them; the handle does not keep
+    /// the producer alive.
     #[must_use]
     pub fn failures(&self) -> DeliveryFailures {
-        DeliveryFailures(self.failures.clone())
+        self.failures.clone()
     }
 
     /// Blocks until every record taken so far is delivered or has failed (at most the delivery
@@ -249,8 +246,8 @@ mod tests {
         let config = ProducerConfig::new("127.0.0.1:1", "billing");
         let producer = BestEffortProducer::new(&config, &settings).unwrap();
         producer.send("events", b"k", b"{}").unwrap();
-        assert_eq!(producer.failed(), 0);
+        assert_eq!(producer.failures().count(), 0);
         assert!(producer.flush_blocking(Duration::from_secs(10)));
-        assert_eq!(producer.failed(), 1);
+        assert_eq!(producer.failures().count(), 1);
     }
 }

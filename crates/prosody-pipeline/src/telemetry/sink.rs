@@ -450,7 +450,12 @@ mod tests {
     #[tokio::test]
     async fn the_sender_and_its_librdkafka_threads_run_at_the_lowest_priority() {
         let sink = TelemetrySink::start(&unreachable(), "telemetry".to_owned(), 8).unwrap();
-        assert_eq!(niceness_of_threads("prosody-telemet"), [19]);
+        // Other tests in this process may have senders running too: each is at 19.
+        let senders = niceness_of_threads("prosody-telemet");
+        assert!(
+            !senders.is_empty() && senders.iter().all(|niceness| *niceness == 19),
+            "{senders:?}"
+        );
         // librdkafka's main thread of the sink's producer, started from the sender thread.
         assert!(
             niceness_of_threads("rdk:main").contains(&19),

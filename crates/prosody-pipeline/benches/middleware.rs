@@ -9,19 +9,20 @@
 //! permit, then `dispatch_admitted`), on one thread, so the figure is the CPU the layers add per
 //! event and the rounds' medians are stable enough to compare two builds.
 //!
-//! Run: `cargo bench -p prosody-pipeline --bench middleware [-- ROUNDS] [--only NAME]` (default
+//! Run: `cargo bench -p prosody-pipeline --bench middleware [-- ROUNDS] [--only NAMES]` (default
 //! 5 rounds of 200,000 events over 10,000 keys and 8 partitions, ~100-byte payloads with an
-//! `id`; `--only NAME` runs one subject: `core`, `pipeline`, one of the pipeline's variants
-//! without a part, see `VARIANTS`, or `core-suspending` and `pipeline-suspending`, whose handler
-//! suspends once per event as an asynchronous one does, see `SUSPENDING`).
+//! `id`; `--only NAMES`, comma-separated, runs those subjects, alternating: `core`, `pipeline`,
+//! one of the pipeline's variants without a part, see `VARIANTS`, `core-suspending` and
+//! `pipeline-suspending`, whose handler suspends once per event as an asynchronous one does, see
+//! `SUSPENDING`, or `pipeline-telemetry`, which emits lifecycle events, see `TELEMETRY`).
 //! `scripts/bench-instructions` runs it under callgrind for instruction counts, which do not move
 //! between runs at all.
 use std::time::{Duration, Instant};
 
 use prosody_pipeline::Event;
 use subjects::{
-    EVENTS, KEYS, PARTITIONS, SUBJECTS, SUSPENDING, Subject, VARIANTS, dispatch_one, events,
-    partition_watches,
+    EVENTS, KEYS, PARTITIONS, SUBJECTS, SUSPENDING, Subject, TELEMETRY, VARIANTS, dispatch_one,
+    events, partition_watches,
 };
 use tokio::runtime::Runtime;
 
@@ -68,7 +69,7 @@ fn measure(runtime: &Runtime, subject: &Subject, events: Vec<(usize, Event)>) ->
     runtime.block_on(run(subject, events))
 }
 
-/// The command line: `[ROUNDS] [--only NAME]`.
+/// The command line: `[ROUNDS] [--only NAMES]`.
 struct Options {
     rounds: usize,
     only: Option<String>,
@@ -83,7 +84,7 @@ impl Options {
         let mut args = std::env::args().skip(1).filter(|arg| arg != "--bench");
         while let Some(arg) = args.next() {
             if arg == "--only" {
-                options.only = Some(args.next().ok_or("--only needs a subject name")?);
+                options.only = Some(args.next().ok_or("--only needs subject names")?);
             } else {
                 options.rounds = arg
                     .parse::<usize>()
@@ -113,7 +114,8 @@ fn main() {
             std::process::exit(1);
         }
     };
-    // By default the two subjects; `--only` picks one of them or of the pipeline's variants.
+    // By default the two subjects; `--only` picks some of them or of the other subjects, which
+    // then alternate round by round as the default two do.
     let builds: Vec<fn() -> Subject> = match &options.only {
         None => SUBJECTS.to_vec(),
         Some(only) => {
@@ -121,19 +123,24 @@ fn main() {
                 .into_iter()
                 .chain(VARIANTS)
                 .chain(SUSPENDING)
+                .chain(TELEMETRY)
                 .collect();
             let names: Vec<&str> = all
                 .iter()
                 .map(|build| runtime.block_on(async { build().name }))
                 .collect();
-            let Some(index) = names.iter().position(|name| name == only) else {
-                eprintln!(
-                    "middleware bench: --only names no subject ({})",
-                    names.join(", ")
-                );
-                std::process::exit(2);
-            };
-            vec![all[index]]
+            let mut picked = Vec::new();
+            for wanted in only.split(',') {
+                let Some(index) = names.iter().position(|name| *name == wanted) else {
+                    eprintln!(
+                        "middleware bench: --only names no subject {wanted:?} ({})",
+                        names.join(", ")
+                    );
+                    std::process::exit(2);
+                };
+                picked.push(all[index]);
+            }
+            picked
         }
     };
     let rounds = options.rounds;
@@ -162,11 +169,12 @@ fn main() {
     for (name, median) in names.iter().zip(&medians) {
         println!("{name} median: {} ns/event", median.as_nanos());
     }
-    if let [core, pipeline] = medians[..] {
+    // Two subjects: what the second adds to the first (by default the pipeline to the core).
+    if let ([first, second], [first_name, second_name]) = (&medians[..], &names[..]) {
         println!(
-            "middleware per event: {} ns (pipeline/core {:.2}x)",
-            pipeline.saturating_sub(core).as_nanos(),
-            pipeline.as_secs_f64() / core.as_secs_f64()
+            "{second_name} - {first_name}: {} ns per event ({second_name}/{first_name} {:.2}x)",
+            second.saturating_sub(*first).as_nanos(),
+            second.as_secs_f64() / first.as_secs_f64()
         );
     }
 }

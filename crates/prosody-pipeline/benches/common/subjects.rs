@@ -19,6 +19,7 @@ use prosody_pipeline::consumer::{
     TaskClass, admit,
 };
 use prosody_pipeline::dispatch::HandlerService;
+use prosody_pipeline::kafka::ProducerConfig;
 use prosody_pipeline::kafka::loader::{LoadError, LoadRecord};
 use prosody_pipeline::middleware::dedup::DedupLayer;
 use prosody_pipeline::middleware::defer::{DeferLayer, DeferSettings, DeferStatus, NewFailures};
@@ -31,7 +32,7 @@ use prosody_pipeline::middleware::telemetry::TelemetryLayer;
 use prosody_pipeline::middleware::{ModePolicy, StackDispatch, StackSettings};
 use prosody_pipeline::monotonic;
 use prosody_pipeline::scheduler::{FairScheduler, SchedulerSettings};
-use prosody_pipeline::telemetry::SpanRelation;
+use prosody_pipeline::telemetry::{SpanRelation, TelemetrySink};
 use prosody_pipeline::timers::{TimerSettings, Timers};
 use serde_json::{Value, json};
 use storage_memory::{MemoryDedupStore, MemoryDeferStore, MemoryTimerStore};
@@ -141,6 +142,23 @@ pub const SUSPENDING: [fn() -> Subject; 2] = [
     || pipeline_of("pipeline-suspending", None, NoOp::Suspending),
 ];
 
+/// The pipeline emitting its lifecycle events into a telemetry sink (run by name, `--only`):
+/// the difference to `pipeline` is what emitting costs the handler's thread. The sink's producer
+/// points at a port nothing listens on, so its sender thread serializes and queues the events
+/// (librdkafka refuses them once its queue is full) and no broker shares the CPU.
+pub const TELEMETRY: [fn() -> Subject; 1] = [|| {
+    let sink = TelemetrySink::start(
+        &ProducerConfig::new("127.0.0.1:1", GROUP),
+        "bench-telemetry".to_owned(),
+        TELEMETRY_QUEUE,
+    )
+    .unwrap_or_else(|error| panic!("middleware bench: no telemetry sink: {error}"));
+    pipeline_emitting("pipeline-telemetry", None, NoOp::AtOnce, Some(sink))
+}];
+
+/// The client's room per worker for lifecycle events between the sender's turns.
+const TELEMETRY_QUEUE: usize = 8_192;
+
 /// A part of the pipeline a variant goes without.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Part {
@@ -214,6 +232,16 @@ fn pipeline_without(part: Part) -> Subject {
 }
 
 fn pipeline_of(name: &'static str, without: Option<Part>, handler: NoOp) -> Subject {
+    pipeline_emitting(name, without, handler, None)
+}
+
+/// The pipeline, its lifecycle events going to `sink` when there is one.
+fn pipeline_emitting(
+    name: &'static str,
+    without: Option<Part>,
+    handler: NoOp,
+    sink: Option<TelemetrySink>,
+) -> Subject {
     let has = |part| without != Some(part);
     let timers = Timers::new(
         Arc::new(MemoryTimerStore::new(SlabSize::DEFAULT)),
@@ -280,7 +308,7 @@ fn pipeline_of(name: &'static str, without: Option<Part>, handler: NoOp) -> Subj
         timeout: Duration::from_secs(240),
         shutdown_timeout: Duration::from_secs(30),
         telemetry: TelemetryLayer {
-            sink: None,
+            sink,
             group_id: ConsumerGroup::from(GROUP),
             message_spans: SpanRelation::Child,
             timer_spans: SpanRelation::FollowsFrom,

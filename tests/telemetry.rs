@@ -12,7 +12,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::harness;
 use common::kafka_read;
@@ -167,6 +167,7 @@ async fn lifecycle_events_reach_the_telemetry_topic() {
         .send(&topic, "flaky", &json!({"fail": "transient", "times": 1}))
         .await
         .expect("send");
+    let began_ms = wall_clock_ms();
     // Telemetry is off in mock mode: a real (non-mock) client with the memory backend.
     let client = ProsodyClient::from_options(ClientOptions {
         mock: Some(false),
@@ -216,6 +217,25 @@ async fn lifecycle_events_reach_the_telemetry_topic() {
     );
     assert!(events[3]["durationMs"].is_number());
     assert!(events[0].get("durationMs").is_none());
+    // Wall-clock milliseconds of when each stage was reached, in order, within the test.
+    let ended_ms = wall_clock_ms();
+    let stamps: Vec<u64> = events
+        .iter()
+        .map(|event| event["timestampMs"].as_u64().unwrap())
+        .collect();
+    assert!(stamps.is_sorted(), "{stamps:?}");
+    assert!(
+        stamps
+            .iter()
+            .all(|stamp| (began_ms..=ended_ms).contains(stamp)),
+        "{stamps:?} outside {began_ms}..={ended_ms}"
+    );
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn wall_clock_ms() -> u64 {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    u64::try_from(since.as_millis()).unwrap()
 }
 
 /// With room in the queues nothing is dropped: every record of a burst has its two events on

@@ -2,15 +2,15 @@
 //! context (child or follows-from, per the configuration), and lifecycle events (dispatched,
 //! then succeeded or failed with the run time) for the telemetry topic when it is enabled.
 
-use std::time::Instant;
-
 use prosody_api::ConsumerGroup;
 use tracing::Instrument;
 
 use super::{Failure, Layer, Service, Task, Verdict};
 use crate::event::Event;
 use crate::telemetry::propagation::relate;
-use crate::telemetry::{LifecycleEvent, SpanRelation, Stage, TelemetrySink, handler_spans_wanted};
+use crate::telemetry::{
+    LifecycleEvent, Moment, SpanRelation, Stage, TelemetrySink, handler_spans_wanted,
+};
 
 /// Spans and lifecycle events around the handler.
 pub struct Telemetry<S> {
@@ -85,18 +85,17 @@ impl<S: Service> Telemetry<S> {
         span
     }
 
-    /// Emits `task`'s event at `stage`; the run time (since `started`) and the failure's text
-    /// are read only for an event the sink has room for.
+    /// Emits `task`'s event at `stage`, reached `at` (with the run time since `started` for an
+    /// ended attempt); the failure's text is copied only for an event the sink has room for.
     fn emit(
         &self,
+        sink: &TelemetrySink,
         task: &Task<'_>,
         stage: Stage,
-        started: Option<Instant>,
+        at: Moment,
+        started: Option<Moment>,
         failure: Option<&Failure>,
     ) {
-        let Some(sink) = &self.settings.sink else {
-            return;
-        };
         sink.emit(|| {
             let (kind, _) = describe(task.event);
             let (topic, partition) = task.event.source();
@@ -109,9 +108,9 @@ impl<S: Service> Telemetry<S> {
                 partition: partition.0,
                 offset: task.event.offset().map(|offset| offset.0),
                 attempt: task.attempt,
-                duration_ms: started.map(|started| started.elapsed().as_secs_f64() * 1_000.0),
+                duration_ms: started.map(|started| at.since(started).as_secs_f64() * 1_000.0),
                 error: failure.map(|failure| failure.reason.clone()),
-                timestamp_ns: LifecycleEvent::now_ns(),
+                at,
             }
         });
     }
@@ -122,17 +121,24 @@ impl<S: Service> Service for Telemetry<S> {
         if !self.observed {
             return self.inner.call(task).await;
         }
-        self.emit(task, Stage::Dispatched, None, None);
-        // Only lifecycle events carry the run time (spans time themselves).
-        let started = self.settings.sink.is_some().then(Instant::now);
+        // One clock reading per event: the dispatched event's is also the start of the run time
+        // (spans time themselves).
+        let started = self.settings.sink.as_ref().map(|sink| {
+            let started = Moment::now();
+            self.emit(sink, task, Stage::Dispatched, started, None, None);
+            started
+        });
         let verdict = if handler_spans_wanted() {
             self.inner.call(task).instrument(self.span(task)).await
         } else {
             self.inner.call(task).await
         };
-        match &verdict {
-            Ok(_) => self.emit(task, Stage::Succeeded, started, None),
-            Err(failure) => self.emit(task, Stage::Failed, started, Some(failure)),
+        if let Some(sink) = &self.settings.sink {
+            let (stage, failure) = match &verdict {
+                Ok(_) => (Stage::Succeeded, None),
+                Err(failure) => (Stage::Failed, Some(failure)),
+            };
+            self.emit(sink, task, stage, Moment::now(), started, failure);
         }
         verdict
     }

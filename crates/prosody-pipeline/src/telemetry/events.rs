@@ -1,11 +1,11 @@
 //! Lifecycle events (dispatched, succeeded, failed): what the telemetry topic carries, one
 //! JSON record per event. [`TelemetrySink`](super::TelemetrySink) sends them.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use serde::Serialize;
 
 use prosody_api::{ConsumerGroup, Key, Topic};
+
+use super::clock::{Moment, WallAnchor};
 
 /// Where in its life a handler invocation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -45,29 +45,35 @@ pub struct LifecycleEvent {
     /// The failure text (failed only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// When the stage was reached, in nanoseconds since the Unix epoch; written as
-    /// `timestampMs`, in milliseconds. The sender orders events by it: those of one record may
+    /// When the stage was reached; written as `timestampMs`, wall-clock milliseconds since the
+    /// Unix epoch (see [`EventRecord`]). The sender orders events by it: those of one record may
     /// be queued by different workers.
-    #[serde(rename = "timestampMs", serialize_with = "as_millis")]
-    pub timestamp_ns: u64,
+    #[serde(skip)]
+    pub at: Moment,
 }
 
-#[allow(
-    clippy::trivially_copy_pass_by_ref,
-    reason = "serde's serialize_with passes the field by reference"
-)]
-fn as_millis<S: serde::Serializer>(nanos: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_u64(nanos / 1_000_000)
+/// A lifecycle event as the topic carries it: its fields and its wall-clock time.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventRecord<'a> {
+    #[serde(flatten)]
+    event: &'a LifecycleEvent,
+    timestamp_ms: u64,
 }
 
-impl LifecycleEvent {
-    /// Nanoseconds since the Unix epoch, now.
+impl<'a> EventRecord<'a> {
+    /// `event`, its moment placed on the wall clock by `anchor`.
     #[must_use]
-    pub fn now_ns() -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| {
-                u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
-            })
+    pub fn new(event: &'a LifecycleEvent, anchor: &WallAnchor) -> Self {
+        Self {
+            event,
+            timestamp_ms: anchor.wall_ms(event.at),
+        }
+    }
+
+    /// The record's key: the event's.
+    #[must_use]
+    pub fn key(&self) -> &Key {
+        &self.event.key
     }
 }

@@ -5,12 +5,14 @@
 //! [`telemetry` layer](crate::middleware::telemetry); this module holds what that layer and
 //! the producer share.
 
+pub mod clock;
 pub mod events;
 pub mod propagation;
 pub mod setup;
 pub mod sink;
 
-pub use events::{LifecycleEvent, Stage};
+pub use clock::{Moment, WallAnchor};
+pub use events::{EventRecord, LifecycleEvent, Stage};
 pub use propagation::{SpanRelation, TraceInjector, parent_context};
 pub use setup::{
     flush_tracing, handler_spans_wanted, init_tracing, init_tracing_with, shutdown_tracing,

@@ -26,7 +26,8 @@ use thread_priority::{ThreadPriority, set_current_thread_priority};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
-use super::events::LifecycleEvent;
+use super::clock::{Moment, WallAnchor};
+use super::events::{EventRecord, LifecycleEvent};
 use crate::kafka::best_effort::{BestEffortProducer, BestEffortSettings, DeliveryFailures};
 use crate::kafka::producer::{ProducerConfig, ProducerError};
 use crate::thread_shard::{self, SHARDS};
@@ -124,6 +125,7 @@ impl TelemetrySink {
         topic: String,
         capacity: usize,
     ) -> Result<Self, SinkError> {
+        Moment::calibrate();
         let queues = Arc::new(Queues::new(capacity));
         let (control, requests) = std_mpsc::channel();
         let (made, producer) = std_mpsc::sync_channel(1);
@@ -248,12 +250,9 @@ impl Sender {
             };
             // A flush, a stop or the end sends everything; otherwise the newest events may wait
             // a turn (see `send_queued`).
-            let until = if asked.is_none() && !ended {
-                LifecycleEvent::now_ns()
-            } else {
-                u64::MAX
-            };
-            self.send_queued(until);
+            let anchor = WallAnchor::now();
+            let until = (asked.is_none() && !ended).then(|| anchor.moment());
+            self.send_queued(until, &anchor);
             match asked {
                 Some(Control::Flush(done, within)) => {
                     if !self.producer.flush_blocking(within) {
@@ -269,15 +268,16 @@ impl Sender {
         debug!("telemetry sink stopped");
     }
 
-    /// Sends the queued events stamped before `until`, in the order they were emitted; later
-    /// ones wait for the next turn.
+    /// Sends the queued events stamped before `until` (all of them without), in the order they
+    /// were emitted, their wall-clock time worked out from `anchor`; later ones wait for the next
+    /// turn.
     ///
     /// A record's events may sit in two workers' queues (its handler resumed on another
     /// worker), and the topic should hold a key's events in order. Taking the queues one after
     /// another, this turn may find a record's `succeeded` in a queue taken last but miss its
     /// `dispatched`, queued after its own queue was taken. An event stamped before `until`,
     /// read before any queue is taken, was queued before: this turn has it.
-    fn send_queued(&mut self, until: u64) {
+    fn send_queued(&mut self, until: Option<Moment>, anchor: &WallAnchor) {
         let mut batch = mem::take(&mut self.batch);
         for queue in &self.queues.per_thread {
             let mut queue = queue.lock();
@@ -291,10 +291,12 @@ impl Sender {
             batch.append(&mut taken);
             self.spares.push(taken);
         }
-        batch.sort_by_key(|event| event.timestamp_ns);
-        let ready = batch.partition_point(|event| event.timestamp_ns < until);
+        batch.sort_by_key(|event| event.at);
+        let ready = until.map_or(batch.len(), |until| {
+            batch.partition_point(|event| event.at < until)
+        });
         for event in batch.drain(..ready) {
-            self.send(&event);
+            self.send(&EventRecord::new(&event, anchor));
         }
         // What waits for the next turn.
         self.batch = batch;
@@ -310,13 +312,13 @@ impl Sender {
         }
     }
 
-    fn send(&mut self, event: &LifecycleEvent) {
+    fn send(&mut self, record: &EventRecord<'_>) {
         self.payload.clear();
         // Straight to JSON text in a reused buffer: librdkafka copies it.
-        if serde_json::to_writer(&mut self.payload, event).is_err() {
+        if serde_json::to_writer(&mut self.payload, record).is_err() {
             return;
         }
-        let key = event.key.as_str().as_bytes();
+        let key = record.key().as_str().as_bytes();
         if let Err(not_queued) = self.producer.send(&self.topic, key, &self.payload) {
             self.queues.refused.fetch_add(1, Ordering::Relaxed);
             if !not_queued.queue_full() {
@@ -353,7 +355,7 @@ mod tests {
             attempt: 1,
             duration_ms: None,
             error: None,
-            timestamp_ns: 0,
+            at: Moment::now(),
         }
     }
 

@@ -2,11 +2,12 @@
 //! turned into wall-clock time by the sender thread.
 //!
 //! A record's two events took four clock readings (the wall clock for each event's timestamp,
-//! the monotonic clock around the handler for its run time), 32-34 ns each here: nearly all of
+//! the monotonic clock around the handler for its run time), 32-34 ns each here: about half of
 //! what emitting cost a worker. Now each event reads the clock once, through `quanta` (the
 //! processor's time-stamp counter, scaled; 14 ns here, falling back to the operating system's
-//! monotonic clock where that counter is not reliable), the run time is the difference of a
-//! record's two readings, and the sender, which has time to spare, works out the wall time.
+//! monotonic clock where the processor does not say the counter is invariant), the run time is
+//! the difference of a record's two readings, and the sender, which has time to spare, works out
+//! the wall time.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -107,7 +108,8 @@ mod tests {
         let at_anchor = anchor.wall_ms(anchor.moment());
         assert!(anchor.wall_ms(before) + 5 <= at_anchor);
         assert!(anchor.wall_ms(after) >= at_anchor + 5);
-        assert!(anchor.wall_ms(after) <= wall_now_ms);
+        // The counter's calibration may be off by a little: a millisecond of slack.
+        assert!(anchor.wall_ms(after) <= wall_now_ms + 1);
         assert!(wall_now_ms - anchor.wall_ms(after) < 1_000);
     }
 }

@@ -107,10 +107,7 @@ impl BestEffortProducer {
         });
         let inner = client_config(config, settings)
             .create_with_context(FailureCounter(failures.clone()))
-            .map_err(|source| ProducerError::Create {
-                bootstrap_servers: config.bootstrap_servers.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(|source| config.creation_failed(source))?;
         Ok(Self {
             inner,
             failures: DeliveryFailures(failures),
@@ -148,12 +145,8 @@ impl BestEffortProducer {
 }
 
 fn client_config(config: &ProducerConfig, settings: &BestEffortSettings) -> rdkafka::ClientConfig {
-    let mut client = rdkafka::ClientConfig::new();
-    for (key, value) in &config.overrides {
-        client.set(key, value);
-    }
+    let mut client = config.base_client_config();
     client
-        .set("bootstrap.servers", &config.bootstrap_servers)
         // Best effort: the leader's acknowledgement, no idempotence bookkeeping.
         .set("enable.idempotence", "false")
         .set("acks", "1")

@@ -50,16 +50,31 @@ impl ProducerConfig {
         }
     }
 
-    fn client_config(&self) -> ClientConfig {
+    /// What every producer made from this configuration starts from: the overrides, then the
+    /// bootstrap servers. Each producer sets what it relies on after it.
+    pub(crate) fn base_client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         for (key, value) in &self.overrides {
             config.set(key, value);
         }
+        config.set("bootstrap.servers", &self.bootstrap_servers);
+        config
+    }
+
+    /// The error for a producer librdkafka would not create from this configuration.
+    pub(crate) fn creation_failed(&self, source: KafkaError) -> ProducerError {
+        ProducerError::Create {
+            bootstrap_servers: self.bootstrap_servers.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        let mut config = self.base_client_config();
         // librdkafka's own message timeout equals ours so a record we reported as timed out is
         // also given up by librdkafka instead of landing later behind the caller's back.
         let timeout_ms = self.send_timeout.as_millis().max(1).to_string();
         config
-            .set("bootstrap.servers", &self.bootstrap_servers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.timeout.ms", timeout_ms);
@@ -143,10 +158,7 @@ impl Producer {
         let inner = config
             .client_config()
             .create()
-            .map_err(|source| ProducerError::Create {
-                bootstrap_servers: config.bootstrap_servers.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(|source| config.creation_failed(source))?;
         Ok(Self {
             inner,
             source_system: Arc::from(config.source_system.as_str()),

@@ -9,12 +9,15 @@
 //!   middleware at all ([`CoreSubject`]): key queues, offsets, commits, decoding;
 //! - `client`: the Prosody client in pipeline mode with a no-op handler ([`ClientSubject`]),
 //!   every middleware layer of the mode on (filters, dedup, retry, defer, monopolization,
-//!   scheduler, timeout, telemetry). Its lifecycle events go to a topic only with
-//!   `--telemetry`: producing two records per record consumed is a cost of its own, measured
-//!   apart (see the README).
+//!   scheduler, timeout, telemetry), its lifecycle events going nowhere
+//!   (`telemetryEnabled: false`);
+//! - `client-telemetry`: the same client producing its lifecycle events to a topic of their
+//!   own, as the default configuration does: two records produced per record consumed, a cost
+//!   of its own, measured beside `client` in the same run.
 //!
 //! The summary prints each median, client/baseline (the core issue's target) and the cost of
-//! the middleware, 1 - client/core (the failure-handling issue's bound).
+//! the middleware, 1 - client/core and 1 - client-telemetry/core (the failure-handling issue's
+//! bound).
 //!
 //! Every subject is timed the same way: from the moment its consumer got its partitions (the
 //! end of the group join) to its last record. Joining is left out (it is the broker's
@@ -64,8 +67,8 @@ use tokio::sync::Notify;
 type BenchResult<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
 const USAGE: &str = "\
-usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only NAME]
-                  [--telemetry] [--keep-topic]
+usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only NAMES]
+                  [--keep-topic]
 
   --records N     records to produce and consume (default 200000, env PROSODY_BENCH_RECORDS)
   --keys N        distinct message keys (default 10000)
@@ -73,11 +76,12 @@ usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only
   --rounds N      consume the topic N times per subject, alternating subjects; the summary
                   uses the median rate (default 3: one 200k-record pass lasts well under a
                   second, so single passes are noisy)
-  --only NAMES    run only these subjects (comma-separated: baseline, core, client) so a
-                  subject's peak RSS is not mixed with memory the allocator kept from another
-  --telemetry     the client also produces its lifecycle events (telemetryEnabled, the
-                  default outside this bench) to a fresh topic of their own; off, the
-                  client has the telemetry layer without its topic
+  --only NAMES    run only these subjects (comma-separated: baseline, core, client,
+                  client-telemetry), alternating them round by round; alone, a subject's peak
+                  RSS is not mixed with memory the allocator kept from another. client has
+                  the telemetry layer without a topic (telemetryEnabled: false);
+                  client-telemetry produces its lifecycle events to a fresh topic of their
+                  own, as the default configuration does
   --keep-topic    leave the bench's topics in Kafka instead of deleting them
 
 Needs PROSODY_BOOTSTRAP_SERVERS (scripts/bench sets it).";
@@ -96,9 +100,34 @@ struct Options {
     keys: usize,
     partitions: i32,
     rounds: usize,
-    only: Option<String>,
-    telemetry: bool,
+    /// Which of [`SUBJECTS`] run.
+    selected: [bool; SUBJECTS.len()],
     keep_topic: bool,
+}
+
+/// Every subject, in the order of a round's turns (rotated from round to round).
+const SUBJECTS: [&str; 4] = ["baseline", "core", "client", "client-telemetry"];
+
+/// Positions in [`SUBJECTS`].
+const BASELINE: usize = 0;
+const CORE: usize = 1;
+const CLIENT: usize = 2;
+const CLIENT_TELEMETRY: usize = 3;
+
+/// Which subjects `--only` names: every one when it is absent.
+fn select(only: Option<&str>) -> BenchResult<[bool; SUBJECTS.len()]> {
+    let Some(only) = only else {
+        return Ok([true; SUBJECTS.len()]);
+    };
+    let mut selected = [false; SUBJECTS.len()];
+    for name in only.split(',').map(str::trim) {
+        let index = SUBJECTS
+            .iter()
+            .position(|subject| *subject == name)
+            .ok_or_else(|| format!("--only: unknown subject {name:?}, expected {SUBJECTS:?}"))?;
+        selected[index] = true;
+    }
+    Ok(selected)
 }
 
 impl Options {
@@ -111,8 +140,7 @@ impl Options {
             keys: 10_000,
             partitions: 8,
             rounds: 3,
-            only: None,
-            telemetry: false,
+            selected: select(None)?,
             keep_topic: false,
         };
         let mut args = env::args().skip(1);
@@ -130,8 +158,7 @@ impl Options {
                     options.partitions = parse_number("--partitions", &value("--partitions")?)?;
                 }
                 "--rounds" => options.rounds = parse_number("--rounds", &value("--rounds")?)?,
-                "--only" => options.only = Some(value("--only")?),
-                "--telemetry" => options.telemetry = true,
+                "--only" => options.selected = select(Some(&value("--only")?))?,
                 "--keep-topic" => options.keep_topic = true,
                 "-h" | "--help" => {
                     println!("{USAGE}");
@@ -351,7 +378,9 @@ impl ConsumerContext for AssignmentClock {
 /// The Prosody client in pipeline mode with a no-op handler: everything a record goes through
 /// in production (decode, key queues, offsets, commits) except the application's own work.
 struct ClientSubject {
-    /// Where its lifecycle events go (`--telemetry`); none: telemetry is disabled.
+    /// `client` or `client-telemetry`.
+    name: &'static str,
+    /// Where its lifecycle events go; none: telemetry is disabled.
     telemetry: Option<TelemetryTopic>,
 }
 
@@ -475,7 +504,7 @@ fn client_options(
         bootstrap_servers: Some(vec![bootstrap.to_owned()]),
         group_id: Some(group.to_owned()),
         subscribed_topics: Some(vec![topic.to_owned()]),
-        // The real broker, memory storage, lifecycle events only with `--telemetry`.
+        // The real broker, memory storage, lifecycle events only for `client-telemetry`.
         storage_backend: Some(StorageBackend::Memory),
         telemetry_enabled: Some(telemetry_topic.is_some()),
         telemetry_topic: telemetry_topic.map(str::to_owned),
@@ -486,7 +515,7 @@ fn client_options(
 
 impl ThroughputSubject for ClientSubject {
     fn name(&self) -> &'static str {
-        "client"
+        self.name
     }
 
     async fn consume_all(
@@ -516,8 +545,9 @@ impl ThroughputSubject for ClientSubject {
             #[allow(clippy::cast_precision_loss)]
             let per_record = this_pass as f64 / expected as f64;
             println!(
-                "client: {this_pass} lifecycle events reached the telemetry topic \
-                 ({per_record:.2} per record; the rest were dropped)"
+                "{}: {this_pass} lifecycle events reached the telemetry topic \
+                 ({per_record:.2} per record; the rest were dropped)",
+                self.name
             );
         }
         Ok(timing)
@@ -954,7 +984,7 @@ async fn run(options: &Options) -> BenchResult<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .create()?;
-    let telemetry_topic = options.telemetry.then(|| format!("{topic}-telemetry"));
+    let telemetry_topic = options.selected[CLIENT_TELEMETRY].then(|| format!("{topic}-telemetry"));
     let topics: Vec<&str> = std::iter::once(topic.as_str())
         .chain(telemetry_topic.as_deref())
         .collect();
@@ -972,14 +1002,21 @@ async fn run(options: &Options) -> BenchResult<()> {
         options.partitions, options.records, options.keys, options.rounds
     );
 
-    let client = ClientSubject {
-        telemetry: telemetry_topic.clone().map(|name| TelemetryTopic {
-            name,
-            partitions: options.partitions,
-            events: AtomicI64::new(0),
-        }),
-    };
-    let outcome = measure_all(&bootstrap, &topic, options, &client, &mut memory).await;
+    let clients = [
+        ClientSubject {
+            name: SUBJECTS[CLIENT],
+            telemetry: None,
+        },
+        ClientSubject {
+            name: SUBJECTS[CLIENT_TELEMETRY],
+            telemetry: telemetry_topic.clone().map(|name| TelemetryTopic {
+                name,
+                partitions: options.partitions,
+                events: AtomicI64::new(0),
+            }),
+        },
+    ];
+    let outcome = measure_all(&bootstrap, &topic, options, &clients, &mut memory).await;
     for name in &topics {
         if options.keep_topic {
             println!("bench: kept topic {name}");
@@ -996,7 +1033,7 @@ async fn measure_all(
     bootstrap: &str,
     topic: &str,
     options: &Options,
-    client: &ClientSubject,
+    [client, client_telemetry]: &[ClientSubject; 2],
     memory: &mut MemoryReport,
 ) -> BenchResult<()> {
     let produce_elapsed = {
@@ -1013,28 +1050,22 @@ async fn measure_all(
     );
     memory.after("produce");
 
-    let names = [BareConsumer.name(), CoreSubject.name(), client.name()];
-    let only: Option<Vec<&str>> = options
-        .only
-        .as_deref()
-        .map(|only| only.split(',').map(str::trim).collect());
-    if let Some(unknown) = only.iter().flatten().find(|name| !names.contains(name)) {
-        return Err(format!("--only: unknown subject {unknown:?}, expected {names:?}").into());
-    }
-    let selected = |name: &str| only.as_ref().is_none_or(|only| only.contains(&name));
-    let mut rates: [Vec<Rates>; 3] = Default::default();
+    let mut rates: [Vec<Rates>; SUBJECTS.len()] = Default::default();
     for round in 0..options.rounds {
         // Rotating who goes first spreads any warm-up or leftover-memory advantage evenly.
-        for turn in 0..names.len() {
-            let index = (turn + round) % names.len();
-            if !selected(names[index]) {
+        for turn in 0..SUBJECTS.len() {
+            let index = (turn + round) % SUBJECTS.len();
+            if !options.selected[index] {
                 continue;
             }
             let (bootstrap, topic, records) = (bootstrap, topic, options.records);
             let rate = match index {
-                0 => measure(&BareConsumer, bootstrap, topic, round, records, memory).await?,
-                1 => measure(&CoreSubject, bootstrap, topic, round, records, memory).await?,
-                _ => measure(client, bootstrap, topic, round, records, memory).await?,
+                BASELINE => {
+                    measure(&BareConsumer, bootstrap, topic, round, records, memory).await?
+                }
+                CORE => measure(&CoreSubject, bootstrap, topic, round, records, memory).await?,
+                CLIENT => measure(client, bootstrap, topic, round, records, memory).await?,
+                _ => measure(client_telemetry, bootstrap, topic, round, records, memory).await?,
             };
             rates[index].push(rate);
         }
@@ -1044,13 +1075,9 @@ async fn measure_all(
             .each_ref()
             .map(|rates| median(&mut rates.iter().map(pick).collect::<Vec<_>>()))
     };
-    let [first_baseline, first_core, first_client] = medians(|rates| rates.first);
-    let [baseline, core, client] = medians(|rates| rates.assigned);
-    for (name, (rate, first)) in names.iter().zip([baseline, core, client].into_iter().zip([
-        first_baseline,
-        first_core,
-        first_client,
-    ])) {
+    let first = medians(|rates| rates.first);
+    let assigned = medians(|rates| rates.assigned);
+    for (name, (rate, first)) in SUBJECTS.iter().zip(assigned.iter().zip(first)) {
         if let (Some(rate), Some(first)) = (rate, first) {
             println!(
                 "{name} median: {rate:.0} records/s (from first record: {first:.0} records/s)"
@@ -1058,11 +1085,12 @@ async fn measure_all(
         }
     }
     print_usage(
-        &names,
         medians(|rates| rates.cpu_us),
         medians(|rates| rates.faults_per_1k),
     );
-    if let (Some(baseline), Some(client), Some(core)) = (first_baseline, first_client, first_core) {
+    if let (Some(baseline), Some(client), Some(core)) =
+        (first[BASELINE], first[CLIENT], first[CORE])
+    {
         println!(
             "from first record: client/baseline {:.2}, core/baseline {:.2}, 1 - client/core {:.1}%",
             client / baseline,
@@ -1070,16 +1098,33 @@ async fn measure_all(
             (1.0 - client / core) * 100.0
         );
     }
-    if let (Some(baseline), Some(client)) = (baseline, client) {
-        println!("ratio client/baseline: {:.2}", client / baseline);
+    let ratio = |numerator: usize, denominator: usize| {
+        assigned[numerator]
+            .zip(assigned[denominator])
+            .map(|(numerator, denominator)| numerator / denominator)
+    };
+    if let Some(ratio) = ratio(CLIENT, BASELINE) {
+        println!("ratio client/baseline: {ratio:.2}");
     }
-    if let (Some(baseline), Some(core)) = (baseline, core) {
-        println!("ratio core/baseline: {:.2}", core / baseline);
+    if let Some(ratio) = ratio(CORE, BASELINE) {
+        println!("ratio core/baseline: {ratio:.2}");
     }
-    if let (Some(core), Some(client)) = (core, client) {
+    if let Some(ratio) = ratio(CLIENT, CORE) {
         println!(
             "middleware cost (1 - client/core): {:.1}%",
-            (1.0 - client / core) * 100.0
+            (1.0 - ratio) * 100.0
+        );
+    }
+    if let Some(ratio) = ratio(CLIENT_TELEMETRY, CORE) {
+        println!(
+            "middleware cost with telemetry (1 - client-telemetry/core): {:.1}%",
+            (1.0 - ratio) * 100.0
+        );
+    }
+    if let Some(ratio) = ratio(CLIENT_TELEMETRY, CLIENT) {
+        println!(
+            "telemetry cost (1 - client-telemetry/client): {:.1}%",
+            (1.0 - ratio) * 100.0
         );
     }
     Ok(())
@@ -1105,18 +1150,18 @@ async fn main() -> ExitCode {
 }
 
 /// The medians of CPU and page faults per record, and the ratios by CPU.
-fn print_usage(names: &[&str; 3], cpu: [Option<f64>; 3], faults: [Option<f64>; 3]) {
-    for (name, cpu) in names.iter().zip(cpu) {
+fn print_usage(cpu: [Option<f64>; SUBJECTS.len()], faults: [Option<f64>; SUBJECTS.len()]) {
+    for (name, cpu) in SUBJECTS.iter().zip(cpu) {
         if let Some(cpu) = cpu {
             println!("{name} median CPU: {cpu:.2} us/record");
         }
     }
-    for (name, faults) in names.iter().zip(faults) {
+    for (name, faults) in SUBJECTS.iter().zip(faults) {
         if let Some(faults) = faults {
             println!("{name} median page faults: {faults:.0} per 1,000 records");
         }
     }
-    if let [Some(baseline), Some(core), Some(client)] = cpu {
+    if let (Some(baseline), Some(core), Some(client)) = (cpu[BASELINE], cpu[CORE], cpu[CLIENT]) {
         println!(
             "by CPU per record: client/baseline {:.2}, core/baseline {:.2}, \
              middleware cost (1 - core/client) {:.1}%",

@@ -33,16 +33,24 @@ pub struct BestEffortSettings {
     /// Ends the warning logged when records are not delivered: what the records were and what
     /// to check.
     pub failure_hint: &'static str,
+    /// librdkafka's `compression.type` for the batches, unless the application's producer
+    /// overrides name one.
+    pub compression: &'static str,
 }
 
 impl Default for BestEffortSettings {
     /// Lifecycle events are read by people and dashboards: a fifth of a second late is nothing
     /// to them, and batches that long cost the broker one request per thousands of records.
+    /// They are JSON records much alike, which lz4 shrinks several times over for little CPU on
+    /// the sending side: the broker then receives and stores a fraction of the bytes (on the
+    /// test machine, where the broker shares the consumer's two cores, its CPU per event fell
+    /// by about a third to a half).
     fn default() -> Self {
         Self {
             linger: Duration::from_millis(200),
             delivery_timeout: Duration::from_secs(30),
             failure_hint: "",
+            compression: "lz4",
         }
     }
 }
@@ -161,6 +169,9 @@ fn client_config(config: &ProducerConfig, settings: &BestEffortSettings) -> rdka
         )
         // Successes need no report: only failures are counted.
         .set("delivery.report.only.error", "true");
+    if !config.overrides.contains_key("compression.type") {
+        client.set("compression.type", settings.compression);
+    }
     client
 }
 
@@ -227,6 +238,21 @@ mod tests {
         assert_eq!(client.get("delivery.report.only.error"), Some("true"));
         assert_eq!(client.get("security.protocol"), Some("ssl"));
         assert_eq!(client.get("bootstrap.servers"), Some("127.0.0.1:1"));
+    }
+
+    #[test]
+    fn batches_are_compressed_with_lz4_unless_the_application_chose_a_codec() {
+        let mut config = ProducerConfig::new("127.0.0.1:1", "billing");
+        let client = client_config(&config, &BestEffortSettings::default());
+        assert_eq!(client.get("compression.type"), Some("lz4"));
+        config
+            .overrides
+            .insert("compression.type".to_owned(), "gzip".to_owned());
+        let client = client_config(&config, &BestEffortSettings::default());
+        assert_eq!(client.get("compression.type"), Some("gzip"));
+        // librdkafka accepts the codec: a producer is made with it.
+        let config = ProducerConfig::new("127.0.0.1:1", "billing");
+        assert!(BestEffortProducer::new(&config, &BestEffortSettings::default()).is_ok());
     }
 
     #[test]

@@ -43,8 +43,8 @@ impl Default for BestEffortSettings {
     /// to them, and batches that long cost the broker one request per thousands of records.
     /// They are JSON records much alike, which lz4 shrinks several times over for little CPU on
     /// the sending side: the broker then receives and stores a fraction of the bytes (on the
-    /// test machine, where the broker shares the consumer's two cores, its CPU per event fell
-    /// by about a third to a half).
+    /// test machine, where the broker shares the consumer's two cores, the broker's CPU over a
+    /// run with lifecycle events fell by about a third).
     fn default() -> Self {
         Self {
             linger: Duration::from_millis(200),

@@ -34,7 +34,7 @@ pub struct BestEffortSettings {
     /// to check.
     pub failure_hint: &'static str,
     /// librdkafka's `compression.type` for the batches, unless the application's producer
-    /// overrides name one.
+    /// overrides name one (or its alias `compression.codec`).
     pub compression: &'static str,
 }
 
@@ -169,7 +169,10 @@ fn client_config(config: &ProducerConfig, settings: &BestEffortSettings) -> rdka
         )
         // Successes need no report: only failures are counted.
         .set("delivery.report.only.error", "true");
-    if !config.overrides.contains_key("compression.type") {
+    let codec_chosen = ["compression.type", "compression.codec"]
+        .iter()
+        .any(|name| config.overrides.contains_key(*name));
+    if !codec_chosen {
         client.set("compression.type", settings.compression);
     }
     client
@@ -250,6 +253,14 @@ mod tests {
             .insert("compression.type".to_owned(), "gzip".to_owned());
         let client = client_config(&config, &BestEffortSettings::default());
         assert_eq!(client.get("compression.type"), Some("gzip"));
+        // librdkafka's alias for the same property.
+        let mut config = ProducerConfig::new("127.0.0.1:1", "billing");
+        config
+            .overrides
+            .insert("compression.codec".to_owned(), "none".to_owned());
+        let client = client_config(&config, &BestEffortSettings::default());
+        assert_eq!(client.get("compression.type"), None);
+        assert_eq!(client.get("compression.codec"), Some("none"));
         // librdkafka accepts the codec: a producer is made with it.
         let config = ProducerConfig::new("127.0.0.1:1", "billing");
         assert!(BestEffortProducer::new(&config, &BestEffortSettings::default()).is_ok());

@@ -169,9 +169,11 @@ fn client_config(config: &ProducerConfig, settings: &BestEffortSettings) -> rdka
         )
         // Successes need no report: only failures are counted.
         .set("delivery.report.only.error", "true");
+    // The overrides are in the base configuration: a codec named there (under either of
+    // librdkafka's names for it) stands.
     let codec_chosen = ["compression.type", "compression.codec"]
         .iter()
-        .any(|name| config.overrides.contains_key(*name));
+        .any(|name| client.get(name).is_some());
     if !codec_chosen {
         client.set("compression.type", settings.compression);
     }

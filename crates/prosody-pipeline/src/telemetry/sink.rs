@@ -456,19 +456,29 @@ mod tests {
         assert!(!crossed_power_of_two(5, 5));
     }
 
-    /// The scheduling policy of each thread of this process whose name starts with `prefix`
-    /// (`/proc/self/task/*/stat`: the name in parentheses, the policy the 39th field after it).
+    /// The scheduling policy in a thread's `stat` line: the name in parentheses, the policy
+    /// the 39th field after it.
+    #[cfg(target_os = "linux")]
+    fn policy_in_stat(stat: &str) -> Option<i64> {
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(38)?
+            .parse()
+            .ok()
+    }
+
+    /// The scheduling policy of each thread of this process whose name starts with `prefix`.
     #[cfg(target_os = "linux")]
     fn policies_of_threads(prefix: &str) -> Vec<i64> {
         std::fs::read_dir("/proc/self/task")
             .unwrap()
             .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
-            .filter_map(|stat| {
-                let (name, rest) = stat.split_once('(')?.1.rsplit_once(')')?;
-                name.starts_with(prefix)
-                    .then(|| rest.split_whitespace().nth(38)?.parse().ok())
-                    .flatten()
+            .filter(|stat| {
+                stat.split_once('(')
+                    .is_some_and(|(_, rest)| rest.starts_with(prefix))
             })
+            .filter_map(|stat| policy_in_stat(&stat))
             .collect()
     }
 
@@ -494,15 +504,9 @@ mod tests {
             policies_of_threads("rdk:main")
         );
         let this_thread = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        let policy = this_thread
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .nth(38);
         assert_eq!(
-            policy,
-            Some("0"),
+            policy_in_stat(&this_thread),
+            Some(0),
             "the thread that started the sink keeps its class"
         );
         sink.close(Duration::from_millis(100)).await;

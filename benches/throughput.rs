@@ -13,11 +13,14 @@
 //!   (`telemetryEnabled: false`);
 //! - `client-telemetry`: the same client producing its lifecycle events to a topic of their
 //!   own, as the default configuration does: two records produced per record consumed, a cost
-//!   of its own, measured beside `client` in the same run.
+//!   of its own, measured beside `client` in the same run;
+//! - `client-rocksdb`: the client on the embedded durable backend (`storageBackend: rocksdb`,
+//!   a fresh directory per pass, synced writes as by default), where the dedup records of the
+//!   handled messages go to disk: what durable deduplication costs over the memory store.
 //!
 //! The summary prints each median, client/baseline (the core issue's target) and the cost of
 //! the middleware, 1 - client/core and 1 - client-telemetry/core (the failure-handling issue's
-//! bound).
+//! bound), and 1 - client-rocksdb/core.
 //!
 //! Every subject is timed the same way: from the moment its consumer got its partitions (the
 //! end of the group join) to its last record. Joining is left out (it is the broker's
@@ -77,11 +80,12 @@ usage: throughput [--records N] [--keys N] [--partitions N] [--rounds N] [--only
                   uses the median rate (default 3: one 200k-record pass lasts well under a
                   second, so single passes are noisy)
   --only NAMES    run only these subjects (comma-separated: baseline, core, client,
-                  client-telemetry), alternating them round by round; alone, a subject's peak
-                  RSS is not mixed with memory the allocator kept from another. client has
-                  the telemetry layer without a topic (telemetryEnabled: false);
-                  client-telemetry produces its lifecycle events to a fresh topic of their
-                  own, as the default configuration does
+                  client-telemetry, client-rocksdb), alternating them round by round; alone,
+                  a subject's peak RSS is not mixed with memory the allocator kept from
+                  another. client has the telemetry layer without a topic
+                  (telemetryEnabled: false) and memory storage; client-telemetry produces its
+                  lifecycle events to a fresh topic of their own, as the default
+                  configuration does; client-rocksdb keeps its storage in RocksDB
   --keep-topic    leave the bench's topics in Kafka instead of deleting them
 
 Needs PROSODY_BOOTSTRAP_SERVERS (scripts/bench sets it).";
@@ -106,13 +110,20 @@ struct Options {
 }
 
 /// Every subject, in the order of a round's turns (rotated from round to round).
-const SUBJECTS: [&str; 4] = ["baseline", "core", "client", "client-telemetry"];
+const SUBJECTS: [&str; 5] = [
+    "baseline",
+    "core",
+    "client",
+    "client-telemetry",
+    "client-rocksdb",
+];
 
 /// Positions in [`SUBJECTS`].
 const BASELINE: usize = 0;
 const CORE: usize = 1;
 const CLIENT: usize = 2;
 const CLIENT_TELEMETRY: usize = 3;
+const CLIENT_ROCKSDB: usize = 4;
 
 /// Which subjects `--only` names: every one when it is absent.
 fn select(only: Option<&str>) -> BenchResult<[bool; SUBJECTS.len()]> {
@@ -378,10 +389,22 @@ impl ConsumerContext for AssignmentClock {
 /// The Prosody client in pipeline mode with a no-op handler: everything a record goes through
 /// in production (decode, key queues, offsets, commits) except the application's own work.
 struct ClientSubject {
-    /// `client` or `client-telemetry`.
+    /// `client`, `client-telemetry` or `client-rocksdb`.
     name: &'static str,
     /// Where its lifecycle events go; none: telemetry is disabled.
     telemetry: Option<TelemetryTopic>,
+    /// Where its dedup records, timers and deferred work are kept.
+    storage: Storage,
+}
+
+/// A client subject's storage backend.
+#[derive(Clone, Copy)]
+enum Storage {
+    /// In memory, as mock mode keeps them.
+    Memory,
+    /// The embedded durable backend, in a fresh directory per pass, with its defaults (synced
+    /// writes).
+    RocksDb,
 }
 
 /// The topic of the client's lifecycle events.
@@ -504,7 +527,8 @@ fn client_options(
         bootstrap_servers: Some(vec![bootstrap.to_owned()]),
         group_id: Some(group.to_owned()),
         subscribed_topics: Some(vec![topic.to_owned()]),
-        // The real broker, memory storage, lifecycle events only for `client-telemetry`.
+        // The real broker, memory storage unless a subject chooses otherwise, lifecycle events
+        // only for `client-telemetry`.
         storage_backend: Some(StorageBackend::Memory),
         telemetry_enabled: Some(telemetry_topic.is_some()),
         telemetry_topic: telemetry_topic.map(str::to_owned),
@@ -526,7 +550,19 @@ impl ThroughputSubject for ClientSubject {
         expected: usize,
     ) -> BenchResult<Timing> {
         let telemetry_topic = self.telemetry.as_ref().map(|topic| topic.name.as_str());
-        let options = client_options(bootstrap, topic, group, telemetry_topic);
+        let mut options = client_options(bootstrap, topic, group, telemetry_topic);
+        // Removed when the pass ends, after the client shut down.
+        let directory = match self.storage {
+            Storage::Memory => None,
+            Storage::RocksDb => {
+                let directory = tempfile::Builder::new()
+                    .prefix("prosody-bench-")
+                    .tempdir()?;
+                options.storage_backend = Some(StorageBackend::RocksDb);
+                options.state_cache_dir = Some(directory.path().to_path_buf());
+                Some(directory)
+            }
+        };
         let client = ProsodyClient::from_options(options).await?;
         let counts = Counts::new(expected);
         let watch = AssignmentWatch::start({
@@ -537,6 +573,7 @@ impl ThroughputSubject for ClientSubject {
         let outcome = counts.all_handled(self.name()).await;
         let assigned = watch.finish();
         client.shutdown().await?;
+        drop(directory);
         outcome?;
         let timing = counts.timing(assigned?)?;
         if let Some(telemetry) = &self.telemetry {
@@ -1006,6 +1043,7 @@ async fn run(options: &Options) -> BenchResult<()> {
         ClientSubject {
             name: SUBJECTS[CLIENT],
             telemetry: None,
+            storage: Storage::Memory,
         },
         ClientSubject {
             name: SUBJECTS[CLIENT_TELEMETRY],
@@ -1014,6 +1052,12 @@ async fn run(options: &Options) -> BenchResult<()> {
                 partitions: options.partitions,
                 events: AtomicI64::new(0),
             }),
+            storage: Storage::Memory,
+        },
+        ClientSubject {
+            name: SUBJECTS[CLIENT_ROCKSDB],
+            telemetry: None,
+            storage: Storage::RocksDb,
         },
     ];
     let outcome = measure_all(&bootstrap, &topic, options, &clients, &mut memory).await;
@@ -1033,7 +1077,7 @@ async fn measure_all(
     bootstrap: &str,
     topic: &str,
     options: &Options,
-    [client, client_telemetry]: &[ClientSubject; 2],
+    [client, client_telemetry, client_rocksdb]: &[ClientSubject; 3],
     memory: &mut MemoryReport,
 ) -> BenchResult<()> {
     let produce_elapsed = {
@@ -1065,7 +1109,10 @@ async fn measure_all(
                 }
                 CORE => measure(&CoreSubject, bootstrap, topic, round, records, memory).await?,
                 CLIENT => measure(client, bootstrap, topic, round, records, memory).await?,
-                _ => measure(client_telemetry, bootstrap, topic, round, records, memory).await?,
+                CLIENT_TELEMETRY => {
+                    measure(client_telemetry, bootstrap, topic, round, records, memory).await?
+                }
+                _ => measure(client_rocksdb, bootstrap, topic, round, records, memory).await?,
             };
             rates[index].push(rate);
         }
@@ -1098,35 +1145,7 @@ async fn measure_all(
             (1.0 - client / core) * 100.0
         );
     }
-    let ratio = |numerator: usize, denominator: usize| {
-        assigned[numerator]
-            .zip(assigned[denominator])
-            .map(|(numerator, denominator)| numerator / denominator)
-    };
-    if let Some(ratio) = ratio(CLIENT, BASELINE) {
-        println!("ratio client/baseline: {ratio:.2}");
-    }
-    if let Some(ratio) = ratio(CORE, BASELINE) {
-        println!("ratio core/baseline: {ratio:.2}");
-    }
-    if let Some(ratio) = ratio(CLIENT, CORE) {
-        println!(
-            "middleware cost (1 - client/core): {:.1}%",
-            (1.0 - ratio) * 100.0
-        );
-    }
-    if let Some(ratio) = ratio(CLIENT_TELEMETRY, CORE) {
-        println!(
-            "middleware cost with telemetry (1 - client-telemetry/core): {:.1}%",
-            (1.0 - ratio) * 100.0
-        );
-    }
-    if let Some(ratio) = ratio(CLIENT_TELEMETRY, CLIENT) {
-        println!(
-            "telemetry cost (1 - client-telemetry/client): {:.1}%",
-            (1.0 - ratio) * 100.0
-        );
-    }
+    print_ratios(&assigned);
     Ok(())
 }
 
@@ -1145,6 +1164,51 @@ async fn main() -> ExitCode {
         Err(error) => {
             eprintln!("bench: error: {error}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The costs the summary reports: (numerator, denominator, what `1 - numerator/denominator` is).
+const COSTS: [(usize, usize, &str); 5] = [
+    (CLIENT, CORE, "middleware cost (1 - client/core)"),
+    (
+        CLIENT_TELEMETRY,
+        CORE,
+        "middleware cost with telemetry (1 - client-telemetry/core)",
+    ),
+    (
+        CLIENT_TELEMETRY,
+        CLIENT,
+        "telemetry cost (1 - client-telemetry/client)",
+    ),
+    (
+        CLIENT_ROCKSDB,
+        CORE,
+        "middleware cost on RocksDB (1 - client-rocksdb/core)",
+    ),
+    (
+        CLIENT_ROCKSDB,
+        CLIENT,
+        "durable storage cost (1 - client-rocksdb/client)",
+    ),
+];
+
+/// The median rates' ratios to the baseline and the [`COSTS`] of the subjects that ran.
+fn print_ratios(rates: &[Option<f64>; SUBJECTS.len()]) {
+    let ratio = |numerator: usize, denominator: usize| {
+        rates[numerator]
+            .zip(rates[denominator])
+            .map(|(numerator, denominator)| numerator / denominator)
+    };
+    if let Some(ratio) = ratio(CLIENT, BASELINE) {
+        println!("ratio client/baseline: {ratio:.2}");
+    }
+    if let Some(ratio) = ratio(CORE, BASELINE) {
+        println!("ratio core/baseline: {ratio:.2}");
+    }
+    for (numerator, denominator, cost) in COSTS {
+        if let Some(ratio) = ratio(numerator, denominator) {
+            println!("{cost}: {:.1}%", (1.0 - ratio) * 100.0);
         }
     }
 }

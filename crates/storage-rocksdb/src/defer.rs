@@ -13,7 +13,7 @@ use rocksdb::WriteBatch;
 use crate::error::corrupt;
 use crate::families::DEFER;
 use crate::keys::{KeyBuf, KeyReader, defer as keys, prefix_end};
-use crate::store::{Inner, RocksStore, finished, prefix};
+use crate::store::{Durability, Inner, RocksStore, finished, prefix};
 
 /// What a write does to one entry or one list.
 enum Edit {
@@ -34,7 +34,7 @@ impl Inner {
                 None => return Err(corrupt(operation, "a deferred list without an end key")),
             },
         }
-        self.commit(operation, batch)
+        self.commit(operation, batch, Durability::Configured)
     }
 
     /// The keys with entries in the partition: one seek per key, past the key's entries.

@@ -31,7 +31,9 @@
 //! become visible all at once or not at all, and a timer's two index entries never disagree.
 //! The write-ahead log is always on. Writes are synced (`fsync` before returning) by default;
 //! see [`RocksOptions::with_sync_writes`] for why, and for what an unsynced write survives
-//! (a process crash, including `SIGKILL`) and what it does not (power loss).
+//! (a process crash, including `SIGKILL`) and what it does not (power loss). Dedup records are
+//! the exception: never synced, since a lost one only lets a redelivery be handled again, and
+//! the pipeline writes one per handled message.
 //!
 //! # Threads
 //!

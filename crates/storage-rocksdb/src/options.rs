@@ -81,7 +81,8 @@ impl RocksOptions {
     /// data that is rebuilt anyway (a local cache in front of Cassandra) or when the disk or
     /// its controller already guarantees persistence. Synced writes run on Tokio's blocking
     /// pool so an `fsync` never stalls an async worker; concurrent writers share one `fsync`
-    /// (`RocksDB` group commit).
+    /// (`RocksDB` group commit). Dedup records are never synced, whatever this says: losing
+    /// one can only let a redelivered message be handled again (see the `dedup` module).
     #[must_use]
     pub fn with_sync_writes(mut self, sync: bool) -> Self {
         self.sync_writes = sync;

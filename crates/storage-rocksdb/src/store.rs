@@ -23,6 +23,19 @@ const SLAB_SIZE_KEY: &[u8] = b"timer_slab_secs";
 /// Number of lock stripes for read-check-write operations.
 const STRIPES: usize = 64;
 
+/// What a write waits for before it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// The store's setting ([`RocksOptions::with_sync_writes`]): for records whose loss after
+    /// their offset was committed would lose work (timers, deferred records, keyed state).
+    Configured,
+    /// The write-ahead log in the OS page cache, never an `fsync`: for records whose loss can
+    /// only let a duplicate through (dedup records). They survive a crash of the process; an OS
+    /// crash may lose the last ones, after which a redelivered message is handled again, the
+    /// at-least-once contract dedup only narrows.
+    Buffered,
+}
+
 /// One `RocksDB` database implementing every Prosody storage trait: [`TimerStore`],
 /// [`DeferStore`], [`DedupStore`], [`StateStore`] and [`PublishedStateView`].
 ///
@@ -47,6 +60,8 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) slab_size: SlabSize,
     write_options: WriteOptions,
+    /// Write options of [`Durability::Buffered`] writes.
+    buffered: WriteOptions,
     sync_writes: bool,
     stripes: Stripes,
     dir: PathBuf,
@@ -115,6 +130,7 @@ impl RocksStore {
             clock: Arc::clone(options.clock()),
             slab_size: options.slab_size(),
             write_options,
+            buffered: WriteOptions::default(),
             sync_writes: options.sync_writes(),
             stripes: Stripes::new(),
             dir,
@@ -184,17 +200,22 @@ impl Inner {
         })
     }
 
-    /// Commits a batch atomically with the configured durability.
+    /// Commits a batch atomically with the given durability.
     pub(crate) fn commit(
         &self,
         operation: &'static str,
         batch: WriteBatch,
+        durability: Durability,
     ) -> Result<(), StorageError> {
         if batch.is_empty() {
             return Ok(());
         }
+        let options = match durability {
+            Durability::Configured => &self.write_options,
+            Durability::Buffered => &self.buffered,
+        };
         self.db
-            .write_opt(batch, &self.write_options)
+            .write_opt(batch, options)
             .map_err(|error| backend(operation, error))
     }
 

@@ -14,7 +14,7 @@ use rocksdb::WriteBatch;
 use crate::error::corrupt;
 use crate::families::{TIMERS_BY_KEY, TIMERS_BY_TIME};
 use crate::keys::{KeyReader, timer as keys};
-use crate::store::{Inner, RocksStore, finished, prefix, range};
+use crate::store::{Durability, Inner, RocksStore, finished, prefix, range};
 
 fn validate(operation: &'static str, time: TimerTime) -> Result<(), StorageError> {
     if time > TimerTime::MAX {
@@ -120,7 +120,7 @@ impl Inner {
                 }
             }
         }
-        self.commit(operation, batch)
+        self.commit(operation, batch, Durability::Configured)
     }
 
     /// The timers of `scope` with `from <= time < until`, in [`StoredTimer`] order.

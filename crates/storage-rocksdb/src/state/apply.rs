@@ -25,7 +25,7 @@ use super::codec::{decode_bounds, encode_bounds, encode_json, is_live};
 use crate::error::{backend, corrupt};
 use crate::families::STATE;
 use crate::keys::{Cell, KeyReader, prefix_end};
-use crate::store::{Inner, finished, prefix};
+use crate::store::{Durability, Inner, finished, prefix};
 use crate::ttl;
 
 /// The operation name of every apply error.
@@ -56,7 +56,7 @@ pub fn apply(inner: &Inner, writes: &[StateWrite]) -> Result<(), StorageError> {
         staging.op(cell, &write.op)?;
     }
     let batch = staging.batch;
-    inner.commit(OPERATION, batch)
+    inner.commit(OPERATION, batch, Durability::Configured)
 }
 
 /// What the batch so far has done to one cell, as far as later ops need to know.

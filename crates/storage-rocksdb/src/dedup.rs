@@ -7,10 +7,11 @@
 //! caller's thread: the pipeline inserts one record per handled message, and an `fsync` each
 //! (through the blocking pool, shared by group commit) held a consumer to about 20,000 messages
 //! a second on this project's two-core machine (80 us of CPU per message, 59% of it in the
-//! kernel); buffered, 90,000-220,000 in passes of 1,000,000 (the throughput bench's
-//! `client-rocksdb` subject). A dedup record lost to an OS crash lets one redelivery be handled
-//! again, which the at-least-once contract allows; a lost timer or deferred record would lose
-//! work, so those stay synced.
+//! kernel); buffered, 90,000-140,000 in passes of 1,000,000 (the throughput bench's
+//! `client-rocksdb` subject), and 200,000-240,000 with the family's memtable bloom filter. A
+//! dedup record lost to an OS crash lets one redelivery be handled again, which the
+//! at-least-once contract allows; a lost timer or deferred record would lose work, so those stay
+//! synced.
 
 use async_trait::async_trait;
 use prosody_api::StorageError;

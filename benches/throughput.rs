@@ -1039,6 +1039,7 @@ async fn run(options: &Options) -> BenchResult<()> {
         options.partitions, options.records, options.keys, options.rounds
     );
 
+    // The client subjects, in their order in [`SUBJECTS`] from `client` on.
     let clients = [
         ClientSubject {
             name: SUBJECTS[CLIENT],
@@ -1077,7 +1078,7 @@ async fn measure_all(
     bootstrap: &str,
     topic: &str,
     options: &Options,
-    [client, client_telemetry, client_rocksdb]: &[ClientSubject; 3],
+    clients: &[ClientSubject; SUBJECTS.len() - CLIENT],
     memory: &mut MemoryReport,
 ) -> BenchResult<()> {
     let produce_elapsed = {
@@ -1108,11 +1109,10 @@ async fn measure_all(
                     measure(&BareConsumer, bootstrap, topic, round, records, memory).await?
                 }
                 CORE => measure(&CoreSubject, bootstrap, topic, round, records, memory).await?,
-                CLIENT => measure(client, bootstrap, topic, round, records, memory).await?,
-                CLIENT_TELEMETRY => {
-                    measure(client_telemetry, bootstrap, topic, round, records, memory).await?
+                client => {
+                    let client = &clients[client - CLIENT];
+                    measure(client, bootstrap, topic, round, records, memory).await?
                 }
-                _ => measure(client_rocksdb, bootstrap, topic, round, records, memory).await?,
             };
             rates[index].push(rate);
         }
